@@ -1,0 +1,82 @@
+//! Typed errors returned by every collective and group operation.
+
+use std::time::Duration;
+
+/// Everything that can go wrong in a collective or a group operation.
+///
+/// Every variant names the ranks involved (as *world* ranks) so a user reading a log from one rank
+/// knows which peer to look at.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CommError {
+    /// A peer panicked, dropped its group handle, or (MPI/NCCL) died, so the collective cannot
+    /// complete.
+    #[error("rank {rank} failed ({reason}); collective {call} on group {group:?} cannot complete")]
+    PeerFailed {
+        /// World rank of the peer that failed.
+        rank: usize,
+        /// What happened to it.
+        reason: String,
+        /// The collective this rank was attempting.
+        call: String,
+        /// World ranks of the group.
+        group: Vec<usize>,
+    },
+    /// The collective did not complete within the group's timeout.
+    #[error(
+        "collective {call} on group {group:?} timed out after {waited:?}: rank(s) {missing:?} did not arrive"
+    )]
+    Timeout {
+        /// The collective that timed out.
+        call: String,
+        /// How long this rank waited.
+        waited: Duration,
+        /// World ranks that never arrived.
+        missing: Vec<usize>,
+        /// World ranks of the group.
+        group: Vec<usize>,
+    },
+    /// Ranks of one group issued different collectives (kind, element type, length, op or root).
+    #[error("collective mismatch on group {group:?}: {}", describe_calls(calls))]
+    Mismatch {
+        /// What each rank called: (world rank, description).
+        calls: Vec<(usize, String)>,
+        /// World ranks of the group.
+        group: Vec<usize>,
+    },
+    /// A subgroup size that cannot partition the group.
+    #[error("invalid subgroup size: {0}")]
+    InvalidSubgroupSize(String),
+    /// A broadcast root outside the group.
+    #[error("broadcast root {root} is not a rank of this group (valid: 0..{size})")]
+    InvalidRoot {
+        /// The root that was asked for.
+        root: usize,
+        /// The group size.
+        size: usize,
+    },
+    /// A world or group configuration that cannot work (zero workers, bad host list, ...).
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
+    /// Two ranks disagree about a parameter layout (set, order or sizes of tensors).
+    #[error("parameter layout differs across ranks: {0}")]
+    LayoutMismatch(String),
+    /// Burn-side problem while flattening or writing back parameters.
+    #[error("parameter flattening failed: {0}")]
+    Params(String),
+    /// A backend-specific failure (MPI, NCCL).
+    #[error("{backend} backend error: {message}")]
+    Backend {
+        /// Backend name.
+        backend: &'static str,
+        /// What it reported.
+        message: String,
+    },
+}
+
+fn describe_calls(calls: &[(usize, String)]) -> String {
+    calls
+        .iter()
+        .map(|(rank, call)| format!("rank {rank} called {call}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}

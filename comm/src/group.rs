@@ -1,0 +1,114 @@
+//! The process-group contract every backend (threads, MPI, NCCL) implements.
+
+use crate::buffer::{BufferMut, Element};
+use crate::error::CommError;
+use crate::signature::ReduceOp;
+use crate::traffic::Traffic;
+use std::fmt::Debug;
+use std::sync::Arc;
+
+/// A shared handle to one rank's view of a process group. Cheap to clone.
+pub type Group = Arc<dyn ProcessGroup>;
+
+/// One rank's handle on a group of ranks that communicate.
+///
+/// Contract, for every backend:
+/// - Every collective is called by all ranks of the group, in the same order, with the same
+///   signature (kind, element type, length, op, root). A backend detects disagreement where it can
+///   and returns [`CommError::Mismatch`] on every participant instead of a wrong result.
+/// - Collectives work in place on the caller's buffer.
+/// - A failed peer or a timeout is an error, never a hang.
+/// - Creating subgroups is collective and deterministic: all ranks of this group call
+///   [`split`](ProcessGroup::split) / [`new_subgroups`](ProcessGroup::new_subgroups) /
+///   [`intra_node`](ProcessGroup::intra_node) in the same order.
+pub trait ProcessGroup: Send + Sync + Debug {
+    /// This rank's index within the group, `0..size()`.
+    fn rank(&self) -> usize;
+    /// Number of ranks in the group.
+    fn size(&self) -> usize;
+    /// World ranks of the members, indexed by group rank.
+    fn world_ranks(&self) -> &[usize];
+    /// Backend name ("threads", "mpi", "nccl").
+    fn backend(&self) -> &'static str;
+
+    /// All-reduce `buf` in place with `op`. Every rank ends with bit-identical results.
+    fn all_reduce(&self, buf: BufferMut<'_>, op: ReduceOp) -> Result<(), CommError>;
+    /// Overwrite `buf` on every rank with the root's `buf` (`root` is a group rank).
+    fn broadcast(&self, buf: BufferMut<'_>, root: usize) -> Result<(), CommError>;
+    /// Wait until every rank of the group has arrived.
+    fn barrier(&self) -> Result<(), CommError>;
+    /// Gather a small vector from every rank (all ranks pass the same length); returns the
+    /// concatenation in group-rank order. Meant for flags and fingerprints, not bulk data.
+    fn all_gather_u64(&self, local: &[u64]) -> Result<Vec<u64>, CommError>;
+
+    /// Collectively split this group: ranks passing the same `color` form one new group, ordered
+    /// by their rank in this group. Returns this rank's new group.
+    fn split(&self, color: u64) -> Result<Group, CommError>;
+    /// Host identifier of this rank (ranks with equal ids share a machine).
+    fn host_id(&self) -> u64;
+    /// Traffic counters of this group on this rank (including subgroups split from it).
+    fn traffic(&self) -> Traffic;
+
+    /// The ranks of this group that run on this rank's host (threads in one process: all of
+    /// them; MPI: the shared-memory split). Collective.
+    fn intra_node(&self) -> Result<Group, CommError> {
+        self.split(self.host_id())
+    }
+
+    /// Collectively cut the group into contiguous blocks of `size` ranks and return this rank's
+    /// block (size 2 on 4 ranks: {0,1} and {2,3}).
+    ///
+    /// Errors (checked identically on every rank, before any communication): size 0, a size
+    /// larger than the group, a size that does not divide the group size.
+    fn new_subgroups(&self, size: usize) -> Result<Group, CommError> {
+        validate_subgroup_size(size, self.size())?;
+        self.split((self.rank() / size) as u64)
+    }
+}
+
+/// Check a block size for [`ProcessGroup::new_subgroups`] against a group of `group_size` ranks.
+pub fn validate_subgroup_size(size: usize, group_size: usize) -> Result<(), CommError> {
+    if size == 0 {
+        return Err(CommError::InvalidSubgroupSize(
+            "subgroup size must be positive (got 0)".into(),
+        ));
+    }
+    if size > group_size {
+        return Err(CommError::InvalidSubgroupSize(format!(
+            "subgroup size {size} must not exceed the group size {group_size}"
+        )));
+    }
+    if !group_size.is_multiple_of(size) {
+        return Err(CommError::InvalidSubgroupSize(format!(
+            "group size {group_size} must be divisible by subgroup size {size}"
+        )));
+    }
+    Ok(())
+}
+
+/// Typed conveniences over [`ProcessGroup`] for `&mut [f32]`, `&mut [f64]`, ...
+pub trait GroupExt: ProcessGroup {
+    /// All-reduce a typed slice in place.
+    fn all_reduce_slice<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<(), CommError> {
+        self.all_reduce(T::buffer(buf), op)
+    }
+    /// Broadcast a typed slice in place from `root`.
+    fn broadcast_slice<T: Element>(&self, buf: &mut [T], root: usize) -> Result<(), CommError> {
+        self.broadcast(T::buffer(buf), root)
+    }
+    /// Average a typed slice the way the reference does: divide by the group size first, then
+    /// sum (the spec's rounding: `flat /= size; all_reduce_sum(flat)`).
+    fn average_slice<T: Element>(&self, buf: &mut [T]) -> Result<(), CommError> {
+        let n = self.size();
+        for x in buf.iter_mut() {
+            *x = x.div_count(n);
+        }
+        self.all_reduce(T::buffer(buf), ReduceOp::Sum)
+    }
+    /// Whether every rank passed `true` (one small all-gather).
+    fn all_true(&self, flag: bool) -> Result<bool, CommError> {
+        Ok(self.all_gather_u64(&[flag as u64])?.iter().all(|&v| v == 1))
+    }
+}
+
+impl<G: ProcessGroup + ?Sized> GroupExt for G {}

@@ -1,0 +1,42 @@
+//! # localsgd-comm
+//!
+//! Process groups for data-parallel training: in-place all-reduce (sum, mean, max, min),
+//! broadcast, barrier, a small all-gather, and subgroups (contiguous blocks, arbitrary colors, the
+//! intra-node group). The embedded backend runs W workers as threads of one process
+//! ([`ThreadWorld`]); MPI and NCCL backends implement the same [`ProcessGroup`] trait.
+//!
+//! The [`params`] module is the one place that turns a burn module's parameters (or gradients)
+//! into a flat buffer in traversal order and back; the hooks and averagers crates build on it.
+//!
+//! ```
+//! use localsgd_comm::{GroupExt, ProcessGroup, ReduceOp, ThreadWorld};
+//!
+//! // Four workers; each averages [rank, rank] over the world, then over pairs of ranks.
+//! let out = ThreadWorld::new(4)?.run(|world| -> Result<(f32, f32), localsgd_comm::CommError> {
+//!     let mut v = vec![world.rank() as f32; 2];
+//!     world.average_slice(&mut v)?;            // (0 + 1 + 2 + 3) / 4
+//!     let pair = world.new_subgroups(2)?;      // {0,1} and {2,3}
+//!     let mut w = vec![world.rank() as f32; 2];
+//!     pair.average_slice(&mut w)?;
+//!     Ok((v[0], w[0]))
+//! })?;
+//! assert_eq!(out[0], Ok((1.5, 0.5)));
+//! assert_eq!(out[3], Ok((1.5, 2.5)));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+#![deny(missing_docs)]
+
+pub mod buffer;
+pub mod error;
+pub mod group;
+pub mod params;
+pub mod signature;
+pub mod thread;
+pub mod traffic;
+
+pub use buffer::{BufferMut, Element, ElementType};
+pub use error::CommError;
+pub use group::{Group, GroupExt, ProcessGroup, validate_subgroup_size};
+pub use signature::{CallSignature, CollectiveKind, ReduceOp};
+pub use thread::{ThreadGroup, ThreadWorld, WorkerPanicked};
+pub use traffic::Traffic;

@@ -1,0 +1,183 @@
+//! What a rank called: the signature every collective carries so mismatches are caught.
+
+use crate::buffer::ElementType;
+use std::fmt;
+
+/// Reduction applied by an all-reduce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    /// Element-wise sum.
+    Sum,
+    /// Element-wise sum divided by the group size (sum first, then divide).
+    Mean,
+    /// Element-wise maximum.
+    Max,
+    /// Element-wise minimum.
+    Min,
+}
+
+impl fmt::Display for ReduceOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Mean => "mean",
+            ReduceOp::Max => "max",
+            ReduceOp::Min => "min",
+        })
+    }
+}
+
+/// The kind of a collective.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CollectiveKind {
+    /// All-reduce with the given op.
+    AllReduce(ReduceOp),
+    /// Broadcast from the given group rank.
+    Broadcast {
+        /// Root rank within the group.
+        root: usize,
+    },
+    /// Barrier.
+    Barrier,
+    /// All-gather of a small per-rank vector.
+    AllGather,
+    /// Collective creation of subgroups.
+    Split,
+}
+
+/// Signature of one collective call: kind, element type and length. Ranks must agree on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CallSignature {
+    /// What was called.
+    pub kind: CollectiveKind,
+    /// Element type of the buffer (`None` for a barrier).
+    pub element: Option<ElementType>,
+    /// Number of elements.
+    pub len: usize,
+}
+
+impl CallSignature {
+    /// Signature of an all-reduce.
+    pub fn all_reduce(op: ReduceOp, element: ElementType, len: usize) -> Self {
+        Self {
+            kind: CollectiveKind::AllReduce(op),
+            element: Some(element),
+            len,
+        }
+    }
+    /// Signature of a broadcast.
+    pub fn broadcast(root: usize, element: ElementType, len: usize) -> Self {
+        Self {
+            kind: CollectiveKind::Broadcast { root },
+            element: Some(element),
+            len,
+        }
+    }
+    /// Signature of a barrier.
+    pub fn barrier() -> Self {
+        Self {
+            kind: CollectiveKind::Barrier,
+            element: None,
+            len: 0,
+        }
+    }
+    /// Signature of an all-gather of `len` u64 per rank.
+    pub fn all_gather(len: usize) -> Self {
+        Self {
+            kind: CollectiveKind::AllGather,
+            element: Some(ElementType::U64),
+            len,
+        }
+    }
+    /// Signature of a subgroup split.
+    pub fn split() -> Self {
+        Self {
+            kind: CollectiveKind::Split,
+            element: Some(ElementType::U64),
+            len: 1,
+        }
+    }
+
+    /// Bytes of payload this rank contributes.
+    pub fn payload_bytes(&self) -> u64 {
+        (self.len * self.element.map_or(0, ElementType::size_bytes)) as u64
+    }
+
+    /// Pack into three words (for backends that exchange signatures over the wire).
+    pub fn encode(&self) -> [u64; 3] {
+        let (kind, arg) = match self.kind {
+            CollectiveKind::AllReduce(op) => (
+                1,
+                match op {
+                    ReduceOp::Sum => 0,
+                    ReduceOp::Mean => 1,
+                    ReduceOp::Max => 2,
+                    ReduceOp::Min => 3,
+                },
+            ),
+            CollectiveKind::Broadcast { root } => (2, root as u64),
+            CollectiveKind::Barrier => (3, 0),
+            CollectiveKind::AllGather => (4, 0),
+            CollectiveKind::Split => (5, 0),
+        };
+        let element = match self.element {
+            None => 0,
+            Some(ElementType::F32) => 1,
+            Some(ElementType::F64) => 2,
+            Some(ElementType::F16) => 3,
+            Some(ElementType::BF16) => 4,
+            Some(ElementType::U64) => 5,
+        };
+        [kind << 32 | arg, element, self.len as u64]
+    }
+
+    /// Inverse of [`CallSignature::encode`]; `None` for words no signature encodes to.
+    pub fn decode(words: [u64; 3]) -> Option<Self> {
+        let arg = words[0] & 0xffff_ffff;
+        let kind = match words[0] >> 32 {
+            1 => CollectiveKind::AllReduce(match arg {
+                0 => ReduceOp::Sum,
+                1 => ReduceOp::Mean,
+                2 => ReduceOp::Max,
+                3 => ReduceOp::Min,
+                _ => return None,
+            }),
+            2 => CollectiveKind::Broadcast { root: arg as usize },
+            3 => CollectiveKind::Barrier,
+            4 => CollectiveKind::AllGather,
+            5 => CollectiveKind::Split,
+            _ => return None,
+        };
+        let element = match words[1] {
+            0 => None,
+            1 => Some(ElementType::F32),
+            2 => Some(ElementType::F64),
+            3 => Some(ElementType::F16),
+            4 => Some(ElementType::BF16),
+            5 => Some(ElementType::U64),
+            _ => return None,
+        };
+        Some(Self {
+            kind,
+            element,
+            len: words[2] as usize,
+        })
+    }
+}
+
+impl fmt::Display for CallSignature {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let element = self.element.map(|e| e.to_string()).unwrap_or_default();
+        match self.kind {
+            CollectiveKind::AllReduce(op) => {
+                write!(f, "all_reduce({op}, {element} x {})", self.len)
+            }
+            CollectiveKind::Broadcast { root } => {
+                write!(f, "broadcast(root {root}, {element} x {})", self.len)
+            }
+            CollectiveKind::Barrier => f.write_str("barrier()"),
+            CollectiveKind::AllGather => write!(f, "all_gather(u64 x {})", self.len),
+            CollectiveKind::Split => f.write_str("new_subgroups/split()"),
+        }
+    }
+}

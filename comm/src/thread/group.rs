@@ -1,0 +1,244 @@
+//! `ThreadGroup`: one rank's handle on a group of threads in this process.
+
+use super::reduce::{chunk, reduce_chunk};
+use super::rendezvous::{Rendezvous, Slot};
+use crate::buffer::{BufferMut, Element};
+use crate::error::CommError;
+use crate::group::{Group, ProcessGroup};
+use crate::signature::{CallSignature, ReduceOp};
+use crate::traffic::{Traffic, TrafficChain};
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// One rank's handle on a group of worker threads (the embedded backend).
+///
+/// Created by [`ThreadWorld`](super::ThreadWorld). Dropping the handle (normally or while
+/// panicking) tells the peers this rank is gone: their pending and later collectives on the group
+/// fail with [`CommError::PeerFailed`] naming it.
+pub struct ThreadGroup {
+    rank: usize,
+    shared: Arc<Rendezvous>,
+    /// Host id of every member, by group rank.
+    hosts: Arc<Vec<u64>>,
+    traffic: TrafficChain,
+    splits: AtomicU64,
+}
+
+impl fmt::Debug for ThreadGroup {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ThreadGroup")
+            .field("rank", &self.rank)
+            .field("world_ranks", &self.shared.world_ranks)
+            .finish()
+    }
+}
+
+impl ThreadGroup {
+    pub(crate) fn new(
+        rank: usize,
+        shared: Arc<Rendezvous>,
+        hosts: Arc<Vec<u64>>,
+        traffic: TrafficChain,
+    ) -> Self {
+        Self {
+            rank,
+            shared,
+            hosts,
+            traffic,
+            splits: AtomicU64::new(0),
+        }
+    }
+
+    /// Run one collective: publish, enter, check signatures, run `body` on the peers' buffer
+    /// addresses, exit. `body` receives the addresses in group-rank order.
+    fn collective<R>(
+        &self,
+        sig: CallSignature,
+        ptr: usize,
+        body: impl FnOnce(&[usize]) -> R,
+    ) -> Result<R, CommError> {
+        let shared = &*self.shared;
+        shared.publish(self.rank, Slot { sig, ptr });
+        shared.enter(self.rank, &sig)?;
+        let slots: Vec<Option<Slot>> = (0..shared.size).map(|r| shared.slot(r)).collect();
+        let agree = slots.iter().all(|s| s.is_some_and(|s| s.sig == sig));
+        let result = if agree {
+            let ptrs: Vec<usize> = slots.iter().map(|s| s.map_or(0, |s| s.ptr)).collect();
+            Ok(body(&ptrs))
+        } else {
+            Err(CommError::Mismatch {
+                calls: slots
+                    .iter()
+                    .enumerate()
+                    .map(|(r, s)| {
+                        let call = s.map_or_else(|| "nothing".to_string(), |s| s.sig.to_string());
+                        (shared.world_ranks[r], call)
+                    })
+                    .collect(),
+                group: shared.world_ranks.clone(),
+            })
+        };
+        if let Some(failure) = shared.exit(self.rank) {
+            return Err(shared.failure_error(&failure, &sig));
+        }
+        self.traffic.record(sig.payload_bytes());
+        result
+    }
+
+    fn all_reduce_typed<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<(), CommError> {
+        let sig = CallSignature::all_reduce(op, T::TYPE, buf.len());
+        let len = buf.len();
+        let (rank, size) = (self.rank, self.shared.size);
+        self.collective(sig, buf.as_mut_ptr() as usize, |addrs| {
+            let ptrs: Vec<*mut T> = addrs.iter().map(|&a| a as *mut T).collect();
+            let (start, end) = chunk(len, rank, size);
+            // SAFETY: every peer published a live buffer of `len` elements (signatures agree)
+            // and stays inside this collective until the exit barrier; ranks touch disjoint
+            // chunks.
+            unsafe { reduce_chunk(&ptrs, start, end, op) };
+        })
+    }
+
+    fn broadcast_typed<T: Element>(&self, buf: &mut [T], root: usize) -> Result<(), CommError> {
+        if root >= self.shared.size {
+            return Err(CommError::InvalidRoot {
+                root,
+                size: self.shared.size,
+            });
+        }
+        let sig = CallSignature::broadcast(root, T::TYPE, buf.len());
+        let len = buf.len();
+        let me = self.rank;
+        let dst = buf.as_mut_ptr();
+        self.collective(sig, dst as usize, |addrs| {
+            if me != root && len > 0 {
+                // SAFETY: the root's buffer has `len` elements and is only read until the exit
+                // barrier; `dst` is this rank's own buffer.
+                unsafe { std::ptr::copy_nonoverlapping(addrs[root] as *const T, dst, len) };
+            }
+        })
+    }
+}
+
+impl Drop for ThreadGroup {
+    fn drop(&mut self) {
+        let reason = if std::thread::panicking() {
+            "its worker panicked"
+        } else {
+            "its group handle was dropped"
+        };
+        self.shared.leave(self.rank, reason.to_string());
+    }
+}
+
+impl ProcessGroup for ThreadGroup {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.shared.size
+    }
+
+    fn world_ranks(&self) -> &[usize] {
+        &self.shared.world_ranks
+    }
+
+    fn backend(&self) -> &'static str {
+        "threads"
+    }
+
+    fn all_reduce(&self, buf: BufferMut<'_>, op: ReduceOp) -> Result<(), CommError> {
+        match buf {
+            BufferMut::F32(b) => self.all_reduce_typed(b, op),
+            BufferMut::F64(b) => self.all_reduce_typed(b, op),
+            BufferMut::F16(b) => self.all_reduce_typed(b, op),
+            BufferMut::BF16(b) => self.all_reduce_typed(b, op),
+        }
+    }
+
+    fn broadcast(&self, buf: BufferMut<'_>, root: usize) -> Result<(), CommError> {
+        match buf {
+            BufferMut::F32(b) => self.broadcast_typed(b, root),
+            BufferMut::F64(b) => self.broadcast_typed(b, root),
+            BufferMut::F16(b) => self.broadcast_typed(b, root),
+            BufferMut::BF16(b) => self.broadcast_typed(b, root),
+        }
+    }
+
+    fn barrier(&self) -> Result<(), CommError> {
+        self.collective(CallSignature::barrier(), 0, |_| ())
+    }
+
+    fn all_gather_u64(&self, local: &[u64]) -> Result<Vec<u64>, CommError> {
+        let len = local.len();
+        let sig = CallSignature::all_gather(len);
+        self.collective(sig, local.as_ptr() as usize, |addrs| {
+            let mut out = Vec::with_capacity(len * addrs.len());
+            for &a in addrs {
+                // SAFETY: each peer's `local` has `len` elements and outlives the collective.
+                out.extend_from_slice(unsafe { std::slice::from_raw_parts(a as *const u64, len) });
+            }
+            out
+        })
+    }
+
+    fn split(&self, color: u64) -> Result<Group, CommError> {
+        let colors = {
+            let sig = CallSignature::split();
+            let local = [color];
+            self.collective(sig, local.as_ptr() as usize, |addrs| {
+                addrs
+                    .iter()
+                    // SAFETY: each peer's one-element `local` outlives the collective.
+                    .map(|&a| unsafe { *(a as *const u64) })
+                    .collect::<Vec<u64>>()
+            })?
+        };
+        let seq = self.splits.fetch_add(1, Ordering::Relaxed);
+        let members: Vec<usize> = (0..colors.len()).filter(|&r| colors[r] == color).collect();
+        let new_rank = members
+            .iter()
+            .position(|&r| r == self.rank)
+            .ok_or_else(|| CommError::InvalidConfig("rank missing from its own split".into()))?;
+        let shared = {
+            let mut registry = self
+                .shared
+                .registry
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let entry = registry.entry((seq, color)).or_insert_with(|| {
+                let world: Vec<usize> = members
+                    .iter()
+                    .map(|&r| self.shared.world_ranks[r])
+                    .collect();
+                (
+                    Arc::new(Rendezvous::new(world, self.shared.timeout)),
+                    members.len(),
+                )
+            });
+            let shared = entry.0.clone();
+            entry.1 -= 1;
+            if entry.1 == 0 {
+                registry.remove(&(seq, color));
+            }
+            shared
+        };
+        let hosts: Vec<u64> = members.iter().map(|&r| self.hosts[r]).collect();
+        Ok(Arc::new(ThreadGroup::new(
+            new_rank,
+            shared,
+            Arc::new(hosts),
+            self.traffic.child(),
+        )))
+    }
+
+    fn host_id(&self) -> u64 {
+        self.hosts[self.rank]
+    }
+
+    fn traffic(&self) -> Traffic {
+        self.traffic.snapshot()
+    }
+}

@@ -1,0 +1,238 @@
+//! The shared state of one thread group: per-rank slots and a generation barrier that fails fast
+//! on timeouts and on peers that left.
+
+use crate::error::CommError;
+use crate::signature::CallSignature;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// What a rank published for the current collective: its signature and its buffer.
+#[derive(Clone, Copy)]
+pub(crate) struct Slot {
+    pub sig: CallSignature,
+    /// Address of the caller's buffer (valid between the two barriers of a collective).
+    pub ptr: usize,
+}
+
+/// Why a group can no longer complete collectives.
+#[derive(Debug, Clone)]
+pub(crate) enum Failure {
+    Left {
+        rank: usize,
+        reason: String,
+    },
+    Timeout {
+        call: String,
+        waited: Duration,
+        missing: Vec<usize>,
+    },
+}
+
+struct BarrierState {
+    generation: u64,
+    arrived: Vec<bool>,
+    count: usize,
+    left: Vec<bool>,
+    failure: Option<Failure>,
+}
+
+/// Subgroups being created, keyed by (split sequence number, color): the new group's shared
+/// state and how many members have yet to pick it up.
+pub(crate) type SplitRegistry = HashMap<(u64, u64), (Arc<Rendezvous>, usize)>;
+
+/// Shared by all ranks of one thread group.
+pub(crate) struct Rendezvous {
+    pub size: usize,
+    pub world_ranks: Vec<usize>,
+    pub timeout: Duration,
+    slots: Vec<Mutex<Option<Slot>>>,
+    state: Mutex<BarrierState>,
+    generation: AtomicU64,
+    cv: Condvar,
+    /// Subgroups being created (see [`SplitRegistry`]).
+    pub registry: Mutex<SplitRegistry>,
+}
+
+// Spin this many times on the generation counter before parking on the condvar: collectives
+// on small buffers complete in microseconds and a park/unpark costs more than that.
+const SPIN_LIMIT: u32 = 2_000;
+
+impl Rendezvous {
+    pub fn new(world_ranks: Vec<usize>, timeout: Duration) -> Self {
+        let size = world_ranks.len();
+        Self {
+            size,
+            world_ranks,
+            timeout,
+            slots: (0..size).map(|_| Mutex::new(None)).collect(),
+            state: Mutex::new(BarrierState {
+                generation: 0,
+                arrived: vec![false; size],
+                count: 0,
+                left: vec![false; size],
+                failure: None,
+            }),
+            generation: AtomicU64::new(0),
+            cv: Condvar::new(),
+            registry: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn lock_state(&self) -> MutexGuard<'_, BarrierState> {
+        // A poisoned lock only means a peer panicked while holding it; the state itself is
+        // always left consistent (plain assignments), so keep going and let `left` report it.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn publish(&self, rank: usize, slot: Slot) {
+        *self.slots[rank].lock().unwrap_or_else(|e| e.into_inner()) = Some(slot);
+    }
+
+    pub fn slot(&self, rank: usize) -> Option<Slot> {
+        *self.slots[rank].lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn failure_error(&self, failure: &Failure, call: &CallSignature) -> CommError {
+        match failure {
+            Failure::Left { rank, reason } => CommError::PeerFailed {
+                rank: self.world_ranks[*rank],
+                reason: reason.clone(),
+                call: call.to_string(),
+                group: self.world_ranks.clone(),
+            },
+            Failure::Timeout {
+                call,
+                waited,
+                missing,
+            } => CommError::Timeout {
+                call: call.clone(),
+                waited: *waited,
+                missing: missing.iter().map(|&r| self.world_ranks[r]).collect(),
+                group: self.world_ranks.clone(),
+            },
+        }
+    }
+
+    /// Arrive at the entry barrier of a collective: fails on a recorded failure, and records a
+    /// timeout (naming the ranks that did not arrive) when the wait exceeds the group timeout.
+    pub fn enter(&self, rank: usize, call: &CallSignature) -> Result<(), CommError> {
+        let mut st = self.lock_state();
+        if let Some(f) = &st.failure {
+            return Err(self.failure_error(f, call));
+        }
+        let my_gen = st.generation;
+        if self.arrive_locked(&mut st, rank) {
+            return Ok(());
+        }
+        drop(st);
+        if self.spin(my_gen) {
+            return Ok(());
+        }
+        let start = Instant::now();
+        let mut st = self.lock_state();
+        loop {
+            if st.generation != my_gen {
+                return Ok(());
+            }
+            if let Some(f) = &st.failure {
+                return Err(self.failure_error(f, call));
+            }
+            let waited = start.elapsed();
+            if waited >= self.timeout {
+                let missing: Vec<usize> = (0..self.size).filter(|&r| !st.arrived[r]).collect();
+                let failure = Failure::Timeout {
+                    call: call.to_string(),
+                    waited,
+                    missing,
+                };
+                let err = self.failure_error(&failure, call);
+                st.failure = Some(failure);
+                self.cv.notify_all();
+                return Err(err);
+            }
+            st = self
+                .cv
+                .wait_timeout(st, self.timeout - waited)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Arrive at the exit barrier of a collective. Peers are between the two barriers doing
+    /// bounded memory work on each other's buffers, so this waits for every rank that has not
+    /// left, without a timeout: returning early would free a buffer a peer is still writing.
+    /// Returns whether a peer left meanwhile (the results may then be incomplete).
+    pub fn exit(&self, rank: usize) -> Option<Failure> {
+        let mut st = self.lock_state();
+        let my_gen = st.generation;
+        if self.arrive_locked(&mut st, rank) {
+            return None;
+        }
+        drop(st);
+        if self.spin(my_gen) {
+            return None;
+        }
+        let mut st = self.lock_state();
+        loop {
+            if st.generation != my_gen {
+                return None;
+            }
+            let live_missing = (0..self.size).any(|r| !st.arrived[r] && !st.left[r]);
+            if !live_missing {
+                // Everyone still alive is here: complete the barrier without the leavers.
+                let failure = st.failure.clone();
+                self.complete_locked(&mut st);
+                return failure;
+            }
+            st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    fn spin(&self, my_gen: u64) -> bool {
+        for i in 0..SPIN_LIMIT {
+            if self.generation.load(Ordering::Acquire) != my_gen {
+                return true;
+            }
+            if i % 64 == 63 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        false
+    }
+
+    /// Returns true when this arrival completed the barrier.
+    fn arrive_locked(&self, st: &mut BarrierState, rank: usize) -> bool {
+        st.arrived[rank] = true;
+        st.count += 1;
+        let live = st.left.iter().filter(|&&l| !l).count();
+        if st.count >= live {
+            self.complete_locked(st);
+            true
+        } else {
+            false
+        }
+    }
+
+    fn complete_locked(&self, st: &mut BarrierState) {
+        st.count = 0;
+        st.arrived.iter_mut().for_each(|a| *a = false);
+        st.generation += 1;
+        self.generation.store(st.generation, Ordering::Release);
+        self.cv.notify_all();
+    }
+
+    /// Record that `rank` left the group (its handle was dropped, possibly while panicking).
+    pub fn leave(&self, rank: usize, reason: String) {
+        let mut st = self.lock_state();
+        st.left[rank] = true;
+        if st.failure.is_none() {
+            st.failure = Some(Failure::Left { rank, reason });
+        }
+        // A leaver may complete an exit barrier the others were waiting on.
+        self.cv.notify_all();
+    }
+}
