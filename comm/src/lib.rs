@@ -29,11 +29,15 @@
 pub mod buffer;
 pub mod error;
 pub mod group;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 pub mod params;
 pub mod signature;
 pub mod thread;
 pub mod traffic;
 
+#[cfg(feature = "mpi")]
+pub use self::mpi::{MpiConfig, MpiGroup, MpiWorld};
 pub use buffer::{BufferMut, Element, ElementType};
 pub use error::CommError;
 pub use group::{Group, GroupExt, ProcessGroup, validate_subgroup_size};

@@ -1,9 +1,22 @@
 //! # localsgd-trainer
 //!
-//! The phase-ordered training pipeline and the `localsgd` binary. (Being written.)
+//! The phase-ordered training pipeline ([`pipeline`]), checkpoints ([`checkpoint`]), the run
+//! configuration ([`config`]) and the pieces of the `localsgd` binary: data sets ([`data`]), the
+//! MLP ([`model`]), PyTorch weight import ([`init_weights`]), metrics and plots.
 #![deny(missing_docs)]
 
+pub mod algorithm;
+pub mod checkpoint;
+pub mod cli;
+pub mod config;
 pub mod data;
 pub mod init_weights;
+pub mod metrics;
 pub mod model;
+pub mod pipeline;
 pub mod plot;
+pub mod run;
+
+/// The book's chapters as doctests: every Rust snippet in `book/` compiles and runs.
+#[cfg(doctest)]
+pub mod book;

@@ -1,1 +1,228 @@
-fn main() {}
+//! `localsgd`: train with post-local SGD (and friends) on W workers.
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+use localsgd_trainer::cli::ConfigFlags;
+use localsgd_trainer::config::{AlgorithmKind, Backend, TrainConfig};
+use localsgd_trainer::plot::write_loss_svg;
+use localsgd_trainer::run::{self, Progress, WorkerResult};
+use std::path::Path;
+use std::time::Instant;
+
+#[derive(Parser)]
+#[command(
+    name = "localsgd",
+    version,
+    about = "Communication-efficient data-parallel training: DDP, local SGD, post-local SGD, hierarchical averaging."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Train the MLP (defaults: 2 thread workers, post-local SGD, bundled digits data).
+    Train(ConfigFlags),
+    /// Run ddp, post-local-sgd and hierarchical on the same data and seed; print one table.
+    Compare(ConfigFlags),
+}
+
+fn main() {
+    // Library warnings (e.g. "period 1: plain DDP is the better choice") go through `tracing`.
+    tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+    if let Err(e) = run_cli() {
+        eprintln!("error: {e:#}");
+        std::process::exit(2);
+    }
+}
+
+fn run_cli() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Train(flags) => train(&flags),
+        Command::Compare(flags) => compare(&flags),
+    }
+}
+
+fn resolve(flags: &ConfigFlags) -> Result<TrainConfig> {
+    let cfg = flags.resolve().map_err(anyhow::Error::msg)?;
+    cfg.validate()?;
+    if cfg.backend == Backend::Mpi {
+        bail!(
+            "invalid setting `backend` = mpi: this binary was built without MPI support; rebuild with `--features mpi` and launch under mpirun, or use `backend = \"threads\"`"
+        );
+    }
+    Ok(cfg)
+}
+
+fn progress_bar(cfg: &TrainConfig) -> Option<Progress> {
+    if !cfg.progress {
+        return None;
+    }
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:40} {pos}/{len} iterations {msg} [{elapsed}]",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    Some(Box::new(move |done, total, loss| {
+        bar.set_length(total);
+        bar.set_position(done);
+        if let Some(l) = loss {
+            bar.set_message(format!("loss {l:.4}"));
+        }
+        if done == total {
+            bar.finish_and_clear();
+        }
+    }))
+}
+
+fn train(flags: &ConfigFlags) -> Result<()> {
+    let cfg = resolve(flags)?;
+    let data = run::load_data(&cfg).context("loading the data set")?;
+    // Everything is validated: only now touch the run directory.
+    let dir = cfg.run_dir.clone();
+    std::fs::create_dir_all(&dir)
+        .with_context(|| format!("creating run directory {}", dir.display()))?;
+    let effective = cfg.to_toml();
+    println!(
+        "# effective configuration (saved to {})\n{effective}",
+        dir.join("config.toml").display()
+    );
+    std::fs::write(dir.join("config.toml"), &effective)
+        .with_context(|| format!("writing {}", dir.join("config.toml").display()))?;
+
+    let started = Instant::now();
+    let results = run::train_threads(&cfg, &data, Some(&dir), progress_bar(&cfg))?;
+    let wall = started.elapsed();
+    report(&cfg, &results, wall.as_secs_f64(), &dir)
+}
+
+fn report(cfg: &TrainConfig, results: &[WorkerResult], wall: f64, dir: &Path) -> Result<()> {
+    let r0 = results.first().context("no worker results")?;
+    let bytes: u64 = results.iter().map(|r| r.traffic.bytes).sum();
+    let collectives: u64 = results.iter().map(|r| r.traffic.collectives).sum();
+    let samples: u64 = results.iter().map(|r| r.samples).sum();
+    println!(
+        "trained {} iterations on {} workers ({:?}) in {:.2}s: {:.0} samples/s",
+        r0.iterations,
+        cfg.workers,
+        cfg.algorithm,
+        wall,
+        samples as f64 / wall
+    );
+    println!(
+        "communication: {collectives} collectives, {:.2} MB (all ranks); skipped optimizer steps: {}",
+        bytes as f64 / 1e6,
+        r0.skipped_steps
+    );
+    let total = r0.phase_times.total().as_secs_f64().max(1e-9);
+    let phases: Vec<String> = r0
+        .phase_times
+        .iter()
+        .map(|(p, d)| format!("{} {:.0}%", p.name(), 100.0 * d.as_secs_f64() / total))
+        .collect();
+    println!("rank 0 phase times: {}", phases.join(", "));
+    if let Some(l) = r0.last_global_loss {
+        println!("final mean training loss: {l:.4}");
+    }
+    println!(
+        "test accuracy: {:.2}% (world-averaged model; rank 0's own model: {:.2}%)",
+        100.0 * r0.test_accuracy,
+        100.0 * r0.local_test_accuracy
+    );
+    let svg = dir.join("loss.svg");
+    write_loss_svg(
+        &svg,
+        &[("rank 0 loss".to_string(), r0.loss_curve.clone())],
+        "training loss",
+    )?;
+    let summary = serde_json::json!({
+        "test_accuracy": r0.test_accuracy,
+        "rank0_test_accuracy": r0.local_test_accuracy,
+        "iterations": r0.iterations,
+        "workers": cfg.workers,
+        "algorithm": cfg.algorithm,
+        "bytes": bytes,
+        "collectives": collectives,
+        "wall_seconds": wall,
+        "samples_per_second": samples as f64 / wall,
+        "skipped_steps": r0.skipped_steps,
+        "phase_seconds": r0.phase_times.iter().map(|(p, d)| (p.name().to_string(), serde_json::json!(d.as_secs_f64()))).collect::<serde_json::Map<_, _>>(),
+    });
+    std::fs::write(dir.join("summary.json"), format!("{summary:#}\n"))?;
+    println!(
+        "run directory: {} (config.toml, metrics, loss.svg, summary.json, checkpoints/)",
+        dir.display()
+    );
+    Ok(())
+}
+
+fn compare(flags: &ConfigFlags) -> Result<()> {
+    let base = resolve(flags)?;
+    let data = run::load_data(&base).context("loading the data set")?;
+    println!(
+        "comparing on {:?} with {} workers, seed {}, batch {} per worker",
+        base.dataset, base.workers, base.seed, base.batch_size
+    );
+    let mut rows = Vec::new();
+    for algorithm in [
+        AlgorithmKind::Ddp,
+        AlgorithmKind::PostLocalSgd,
+        AlgorithmKind::Hierarchical,
+    ] {
+        let mut cfg = base.clone();
+        cfg.algorithm = algorithm;
+        cfg.progress = false;
+        cfg.resume = false;
+        if algorithm == AlgorithmKind::Hierarchical && cfg.parsed_levels()?.is_empty() {
+            cfg.levels = localsgd_trainer::algorithm::default_levels(cfg.workers, cfg.period)
+                .iter()
+                .map(|(p, s)| format!("{p}:{s}"))
+                .collect::<Vec<_>>()
+                .join(",");
+        }
+        cfg.validate()?;
+        let started = Instant::now();
+        let results = run::train_threads(&cfg, &data, None, None)?;
+        let wall = started.elapsed().as_secs_f64();
+        let r0 = results.first().context("no worker results")?;
+        let bytes: u64 = results.iter().map(|r| r.traffic.bytes).sum();
+        let collectives: u64 = results.iter().map(|r| r.traffic.collectives).sum();
+        rows.push((
+            algorithm,
+            cfg.levels.clone(),
+            r0.test_accuracy,
+            bytes,
+            collectives,
+            wall,
+        ));
+    }
+    println!(
+        "{:<16} {:>10} {:>14} {:>12} {:>9}",
+        "algorithm", "test acc", "bytes", "collectives", "wall s"
+    );
+    for (a, levels, acc, bytes, coll, wall) in rows {
+        let name = match a {
+            AlgorithmKind::Ddp => "ddp".to_string(),
+            AlgorithmKind::PostLocalSgd => "post-local-sgd".to_string(),
+            AlgorithmKind::Hierarchical => format!("hierarchical {levels}"),
+            AlgorithmKind::LocalSgd => "local-sgd".to_string(),
+        };
+        println!(
+            "{:<16} {:>9.2}% {:>14} {:>12} {:>9.2}",
+            name,
+            100.0 * acc,
+            bytes,
+            coll,
+            wall
+        );
+    }
+    Ok(())
+}

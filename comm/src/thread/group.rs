@@ -8,8 +8,8 @@ use crate::group::{Group, ProcessGroup};
 use crate::signature::{CallSignature, ReduceOp};
 use crate::traffic::{Traffic, TrafficChain};
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// One rank's handle on a group of worker threads (the embedded backend).
 ///
@@ -23,6 +23,10 @@ pub struct ThreadGroup {
     hosts: Arc<Vec<u64>>,
     traffic: TrafficChain,
     splits: AtomicU64,
+    /// Serializes collectives issued through this handle by several threads of one rank (like a
+    /// communicator's queue): each still enters the group in the order it got the lock, so ranks
+    /// whose threads interleave differently get a mismatch error, never a corrupted barrier.
+    issue: Mutex<()>,
 }
 
 impl fmt::Debug for ThreadGroup {
@@ -47,6 +51,7 @@ impl ThreadGroup {
             hosts,
             traffic,
             splits: AtomicU64::new(0),
+            issue: Mutex::new(()),
         }
     }
 
@@ -58,6 +63,7 @@ impl ThreadGroup {
         ptr: usize,
         body: impl FnOnce(&[usize]) -> R,
     ) -> Result<R, CommError> {
+        let _issuing = self.issue.lock().unwrap_or_else(|e| e.into_inner());
         let shared = &*self.shared;
         shared.publish(self.rank, Slot { sig, ptr });
         shared.enter(self.rank, &sig)?;

@@ -1,0 +1,97 @@
+//! The averager interface shared by the periodic and hierarchical averagers, so a training loop
+//! can hold either (also as `Box<dyn ModelAverager>`).
+
+use crate::average::average_in_group;
+use crate::error::AveragerError;
+use crate::state::AveragerState;
+use burn::module::Module;
+use localsgd_comm::Group;
+use localsgd_comm::params::ParamSelection;
+
+/// A model-averaging schedule with a step counter.
+///
+/// Object safe: hold any averager as `Box<dyn ModelAverager>`. The averaging itself is the
+/// generic [`AverageParameters::average_parameters`], available on every averager (including
+/// `dyn ModelAverager`) through a blanket implementation.
+pub trait ModelAverager: Send + std::fmt::Debug {
+    /// Training iterations counted so far; the next [`average_parameters`] call handles this
+    /// step.
+    ///
+    /// [`average_parameters`]: AverageParameters::average_parameters
+    fn step(&self) -> u64;
+
+    /// The group the current step averages in, or `None` when this step does not average.
+    /// Pure: no communication, no state change.
+    fn scheduled_group(&self) -> Option<Group>;
+
+    /// Count one training iteration (`step += 1`) without averaging.
+    fn advance(&mut self);
+
+    /// The state to save in a checkpoint: the step counter and the configuration.
+    fn state(&self) -> AveragerState;
+
+    /// Restore a saved state. Fails with [`AveragerError::StateMismatch`] (naming both
+    /// configurations) if it was saved from a differently configured averager, leaving this one
+    /// unchanged.
+    fn load_state(&mut self, state: &AveragerState) -> Result<(), AveragerError>;
+}
+
+/// Averaging a burn module on the averager's schedule. Implemented for every [`ModelAverager`].
+pub trait AverageParameters: ModelAverager {
+    /// Call exactly once per training iteration, after the optimizer step: if the current step is
+    /// scheduled, average `selection`'s parameters of `module` within the scheduled group (see
+    /// [`average_in_group`]); then count the step, averaged or not.
+    ///
+    /// Pass the parameters that had a gradient this step, e.g.
+    /// [`ParamSelection::with_grads`]`(&model, &grads)` computed before the optimizer consumes
+    /// the gradients. An empty selection communicates nothing but still counts the step.
+    ///
+    /// On error the step is not counted.
+    fn average_parameters<M: Module>(
+        &mut self,
+        module: M,
+        selection: &ParamSelection,
+    ) -> Result<M, AveragerError> {
+        let module = match self.scheduled_group() {
+            Some(group) => average_in_group(module, selection, &group)?,
+            None => module,
+        };
+        self.advance();
+        Ok(module)
+    }
+}
+
+impl<A: ModelAverager + ?Sized> AverageParameters for A {}
+
+impl<A: ModelAverager + ?Sized> ModelAverager for Box<A> {
+    fn step(&self) -> u64 {
+        (**self).step()
+    }
+    fn scheduled_group(&self) -> Option<Group> {
+        (**self).scheduled_group()
+    }
+    fn advance(&mut self) {
+        (**self).advance()
+    }
+    fn state(&self) -> AveragerState {
+        (**self).state()
+    }
+    fn load_state(&mut self, state: &AveragerState) -> Result<(), AveragerError> {
+        (**self).load_state(state)
+    }
+}
+
+/// Shared by both averagers: accept `state` if its configuration equals `current`.
+pub(crate) fn check_state_config(
+    current: &crate::state::AveragerConfig,
+    state: &AveragerState,
+) -> Result<(), AveragerError> {
+    if &state.config == current {
+        Ok(())
+    } else {
+        Err(AveragerError::StateMismatch {
+            saved: state.config.to_string(),
+            current: current.to_string(),
+        })
+    }
+}

@@ -1,0 +1,90 @@
+//! All-reduce throughput: MPI (2 ranks under `mpirun`, shared memory) against the thread
+//! backend (2 workers in one process), at 1M and 16M f32.
+//!
+//! Run with `cargo bench -p localsgd-comm --features mpi --bench mpi_allreduce` (needs OpenMPI's
+//! `mpirun`). Throughput is buffer bytes / time per all-reduce, best of 5 repetitions, slowest
+//! rank. MPI initialises once per process, so the MPI side runs the `mpi_check bench` driver.
+
+use localsgd_comm::{GroupExt, ReduceOp, ThreadWorld};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const SIZES: [usize; 2] = [1 << 20, 16 << 20];
+
+fn thread_allreduce(len: usize) -> Duration {
+    let iters: u32 = if len <= 1 << 20 { 50 } else { 10 };
+    let per_rep = ThreadWorld::new(2)
+        .expect("2 workers")
+        .run(|g| {
+            let mut buf = vec![g.rank() as f32; len];
+            g.all_reduce_slice(&mut buf, ReduceOp::Sum)
+                .expect("warm-up");
+            (0..5)
+                .map(|_| {
+                    g.barrier().expect("barrier");
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        g.all_reduce_slice(&mut buf, ReduceOp::Sum)
+                            .expect("all-reduce");
+                    }
+                    start.elapsed() / iters
+                })
+                .collect::<Vec<_>>()
+        })
+        .expect("no worker panics");
+    // Per repetition the slowest worker counts; then the best repetition.
+    (0..5)
+        .map(|rep| per_rep.iter().map(|r| r[rep]).max().unwrap_or_default())
+        .min()
+        .unwrap_or_default()
+}
+
+fn gbps(len: usize, t: Duration) -> f64 {
+    (len * 4) as f64 / t.as_secs_f64() / 1e9
+}
+
+fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        println!(
+            "mpi_allreduce: benchmark only; run `cargo bench -p localsgd-comm --features mpi --bench mpi_allreduce`"
+        );
+        return;
+    }
+    let out = Command::new("mpirun")
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .args([
+            "--oversubscribe",
+            "-np",
+            "2",
+            env!("CARGO_BIN_EXE_mpi_check"),
+            "bench",
+        ])
+        .output()
+        .expect("run mpirun (is OpenMPI installed?)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "mpi_check bench failed: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!(
+        "{:>10} {:>12} {:>12} {:>12} {:>12}",
+        "floats", "mpi us", "mpi GB/s", "threads us", "threads GB/s"
+    );
+    for len in SIZES {
+        let mpi_gbps = text
+            .lines()
+            .find(|l| l.contains(&format!("floats={len} ")))
+            .and_then(|l| l.rsplit("throughput_gbps=").next())
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .expect("a BENCH line for every size");
+        let t = thread_allreduce(len);
+        println!(
+            "{len:>10} {:>12.1} {mpi_gbps:>12.2} {:>12.1} {:>12.2}",
+            (len * 4) as f64 / mpi_gbps / 1e3,
+            t.as_secs_f64() * 1e6,
+            gbps(len, t)
+        );
+    }
+}

@@ -1,0 +1,567 @@
+//! `mpi_check`: the driver the MPI tests launch under `mpirun` (MPI initialises once per process,
+//! so MPI tests run as separate processes).
+//!
+//! Modes (first argument):
+//! - `check [--no-signature-check] [--expect-hosts N]`: every collective, subgroups (blocks,
+//!   colors, intra-node), traffic counters, and (with signature checks, the default) mismatch
+//!   detection. Prints `PASS ...` lines, `FAIL ...` lines for failures, and finally
+//!   `ALL PASS` (rank 0) or exits with code 1.
+//! - `kill-rank R`: rank R kills itself with SIGKILL after one all-reduce; the others keep
+//!   all-reducing (the job must end, non-zero).
+//! - `hang-rank R --timeout SECS`: rank R never joins the next all-reduce (it sleeps); the
+//!   others' watchdog must abort the job after SECS seconds.
+//! - `abort-rank R`: rank R calls `MpiWorld::abort(3)` while the others wait in an all-reduce
+//!   (the job must end at once with exit code 3).
+//! - `bench`: all-reduce throughput at 1M and 16M f32; rank 0 prints `BENCH ...` lines.
+
+use half::{bf16, f16};
+use localsgd_comm::mpi::{MpiConfig, MpiWorld};
+use localsgd_comm::{CommError, Group, GroupExt, ReduceOp};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mode = args.first().map(String::as_str).unwrap_or("check");
+    let flag = |name: &str| args.iter().any(|a| a == name);
+    let value = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    let result = match mode {
+        "check" => check(!flag("--no-signature-check"), value("--expect-hosts")),
+        "kill-rank" => kill_rank(args.get(1).and_then(|v| v.parse().ok()).unwrap_or(1)),
+        "hang-rank" => hang_rank(
+            args.get(1).and_then(|v| v.parse().ok()).unwrap_or(1),
+            value("--timeout").unwrap_or(3),
+        ),
+        "abort-rank" => abort_rank(args.get(1).and_then(|v| v.parse().ok()).unwrap_or(1)),
+        "bench" => bench(),
+        other => Err(format!(
+            "unknown mode {other:?}; valid: check, kill-rank, hang-rank, abort-rank, bench"
+        )),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            println!("FAIL {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init(config: MpiConfig) -> Result<(MpiWorld, Group), String> {
+    MpiWorld::init_with(config).map_err(|e| format!("MpiWorld::init: {e}"))
+}
+
+/// Collects failed checks of one rank.
+struct Checker {
+    rank: usize,
+    failures: usize,
+}
+
+impl Checker {
+    fn check(&mut self, name: &str, ok: bool, detail: impl FnOnce() -> String) {
+        if ok {
+            if self.rank == 0 {
+                println!("PASS {name}");
+            }
+        } else {
+            self.failures += 1;
+            println!("FAIL rank {}: {name}: {}", self.rank, detail());
+        }
+    }
+
+    fn ok<T>(&mut self, name: &str, r: Result<T, CommError>) -> Option<T> {
+        match r {
+            Ok(v) => Some(v),
+            Err(e) => {
+                self.check(name, false, || format!("unexpected error: {e}"));
+                None
+            }
+        }
+    }
+}
+
+fn check(signature_check: bool, expect_hosts: Option<u64>) -> Result<(), String> {
+    // Invalid settings are refused before MPI is touched.
+    let zero = MpiWorld::init_with(MpiConfig::default().with_timeout(Duration::ZERO));
+    let zero_refused = matches!(&zero, Err(CommError::InvalidConfig(m)) if m.contains("0s"));
+    drop(zero);
+    let config = MpiConfig::default()
+        .with_timeout(Duration::from_secs(60))
+        .with_signature_check(signature_check);
+    let (world, g) = init(config)?;
+    let (rank, size) = (g.rank(), g.size());
+    let mut c = Checker { rank, failures: 0 };
+    c.check("zero timeout refused", zero_refused, || {
+        "no InvalidConfig".into()
+    });
+    let again = MpiWorld::init();
+    c.check(
+        "second init refused",
+        matches!(&again, Err(CommError::Backend { message, .. }) if message.contains("once")),
+        || format!("{again:?}"),
+    );
+    c.check("world", g.backend() == "mpi" && rank < size, || {
+        format!("backend {} rank {rank} size {size}", g.backend())
+    });
+    c.check(
+        "world ranks",
+        g.world_ranks() == (0..size).collect::<Vec<_>>(),
+        || format!("{:?}", g.world_ranks()),
+    );
+
+    collectives(&mut c, &g);
+    subgroups(&mut c, &g, expect_hosts);
+    traffic(&mut c, &g);
+    if signature_check {
+        mismatches(&mut c, &g);
+    }
+
+    let all_ok = c.ok("final agreement", g.all_true(c.failures == 0));
+    if all_ok == Some(true) {
+        if rank == 0 {
+            println!(
+                "ALL PASS ({size} ranks, signature check {signature_check}, {})",
+                world.library_version().lines().next().unwrap_or_default()
+            );
+        }
+        Ok(())
+    } else {
+        Err(format!("rank {rank}: {} check(s) failed", c.failures))
+    }
+}
+
+fn collectives(c: &mut Checker, g: &Group) {
+    let (rank, size) = (g.rank(), g.size());
+    let n = size as f64;
+    let tri = (size * (size - 1) / 2) as f64; // sum of ranks
+
+    // f32 sum of small integers: exact in any summation order.
+    let mut v: Vec<f32> = (0..1000).map(|i| (rank * 10 + i % 7) as f32).collect();
+    if c.ok(
+        "all_reduce f32 sum",
+        g.all_reduce_slice(&mut v, ReduceOp::Sum),
+    )
+    .is_some()
+    {
+        let ok = v
+            .iter()
+            .enumerate()
+            .all(|(i, &x)| x as f64 == 10.0 * tri + n * (i % 7) as f64);
+        c.check("all_reduce f32 sum", ok, || format!("{:?}", &v[..4]));
+    }
+
+    // Mean op: sum then divide.
+    let mut m = vec![rank as f32; 3];
+    if c.ok(
+        "all_reduce f32 mean",
+        g.all_reduce_slice(&mut m, ReduceOp::Mean),
+    )
+    .is_some()
+    {
+        c.check(
+            "all_reduce f32 mean",
+            m == vec![(tri / n) as f32; 3],
+            || format!("{m:?}"),
+        );
+    }
+
+    // average_slice (divide first, then sum), the spec's V3 numbers on 4 ranks.
+    let mut a64 = vec![rank as f64 + 0.1; 2];
+    let mut a16 = vec![f16::from_f64(rank as f64 + 0.1); 2];
+    let r64 = g.average_slice(&mut a64);
+    let r16 = g.average_slice(&mut a16);
+    if c.ok("average f64", r64).is_some() && c.ok("average f16", r16).is_some() {
+        let want = (0..size).map(|r| r as f64 + 0.1).sum::<f64>() / n;
+        c.check("average f64", (a64[0] - want).abs() < 1e-12, || {
+            format!("{a64:?}")
+        });
+        if size == 4 {
+            c.check("average f64 spec V3", (a64[0] - 1.6).abs() < 1e-12, || {
+                format!("{a64:?}")
+            });
+            c.check(
+                "average f16 spec V3 (1.599609375)",
+                a16[0].to_f64() == 1.599609375,
+                || format!("{}", a16[0]),
+            );
+        }
+    }
+
+    // bf16 and f16 sums of small integers (exact).
+    let mut b = vec![bf16::from_f32(rank as f32 + 1.0); 5];
+    if c.ok(
+        "all_reduce bf16 sum",
+        g.all_reduce_slice(&mut b, ReduceOp::Sum),
+    )
+    .is_some()
+    {
+        let want = tri + n;
+        c.check(
+            "all_reduce bf16 sum",
+            b.iter().all(|x| x.to_f64() == want),
+            || format!("{b:?}"),
+        );
+    }
+
+    // Max / min with NaN propagation (rank 1 contributes NaN at index 0), every float type.
+    let vals = |r: usize| {
+        [
+            if r == 1 { f64::NAN } else { r as f64 },
+            r as f64,
+            -(r as f64),
+        ]
+    };
+    let mine = vals(rank);
+    let mut f32s: Vec<f32> = mine.iter().map(|&x| x as f32).collect();
+    let mut f64s: Vec<f64> = mine.to_vec();
+    let mut h16: Vec<f16> = mine.iter().map(|&x| f16::from_f64(x)).collect();
+    let mut hb: Vec<bf16> = mine.iter().map(|&x| bf16::from_f64(x)).collect();
+    let top = (size - 1) as f64;
+    let nan_ok = size < 2;
+    let judge = |name: &str, got: [f64; 3], c: &mut Checker, want1: f64, want2: f64| {
+        let ok = (got[0].is_nan() || nan_ok) && got[1] == want1 && got[2] == want2;
+        c.check(name, ok, || format!("{got:?}"));
+    };
+    if c.ok("max f32", g.all_reduce_slice(&mut f32s, ReduceOp::Max))
+        .is_some()
+    {
+        judge("max f32", [0, 1, 2].map(|i| f32s[i] as f64), c, top, 0.0);
+    }
+    if c.ok("min f64", g.all_reduce_slice(&mut f64s, ReduceOp::Min))
+        .is_some()
+    {
+        judge("min f64", [0, 1, 2].map(|i| f64s[i]), c, 0.0, -top);
+    }
+    if c.ok("max f16", g.all_reduce_slice(&mut h16, ReduceOp::Max))
+        .is_some()
+    {
+        judge("max f16", [0, 1, 2].map(|i| h16[i].to_f64()), c, top, 0.0);
+    }
+    if c.ok("min bf16", g.all_reduce_slice(&mut hb, ReduceOp::Min))
+        .is_some()
+    {
+        judge("min bf16", [0, 1, 2].map(|i| hb[i].to_f64()), c, 0.0, -top);
+    }
+
+    // Bit-identical results on every rank for a large buffer of inexact values.
+    let mut big: Vec<f32> = (0..(1usize << 20))
+        .map(|i| ((i * 2654435761 + rank * 40503) % 100_003) as f32 * 1e-3 + 0.1)
+        .collect();
+    if c.ok(
+        "all_reduce 1M bit-identical",
+        g.all_reduce_slice(&mut big, ReduceOp::Sum),
+    )
+    .is_some()
+    {
+        let digest = big.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, x| {
+            (h ^ x.to_bits() as u64).wrapping_mul(0x100_0000_01b3)
+        });
+        if let Some(all) = c.ok("all_reduce 1M bit-identical", g.all_gather_u64(&[digest])) {
+            c.check(
+                "all_reduce 1M bit-identical",
+                all.iter().all(|&d| d == digest),
+                || format!("digests {all:?}"),
+            );
+        }
+    }
+
+    // Empty buffers still synchronise.
+    let mut empty: Vec<f32> = Vec::new();
+    let r = g.all_reduce_slice(&mut empty, ReduceOp::Sum);
+    c.ok("all_reduce empty", r);
+
+    // Broadcast from the last rank (f32 and f16); an invalid root is refused on every rank.
+    let root = size - 1;
+    let mut bc = vec![rank as f32 * 2.0 + 0.5; 7];
+    let mut bh = vec![f16::from_f32(rank as f32); 3];
+    if c.ok("broadcast f32", g.broadcast_slice(&mut bc, root))
+        .is_some()
+        && c.ok("broadcast f16", g.broadcast_slice(&mut bh, root))
+            .is_some()
+    {
+        c.check(
+            "broadcast",
+            bc.iter().all(|&x| x == root as f32 * 2.0 + 0.5)
+                && bh.iter().all(|&x| x.to_f32() == root as f32),
+            || format!("{bc:?} {bh:?}"),
+        );
+    }
+    let bad = g.broadcast_slice(&mut bc, size);
+    c.check(
+        "broadcast invalid root",
+        matches!(bad, Err(CommError::InvalidRoot { root: r, size: s }) if r == size && s == size),
+        || format!("{bad:?}"),
+    );
+
+    c.ok("barrier", g.barrier());
+    c.check("barrier", true, String::new);
+
+    let gathered = g.all_gather_u64(&[rank as u64, rank as u64 * 100]);
+    if let Some(all) = c.ok("all_gather_u64", gathered) {
+        let want: Vec<u64> = (0..size as u64).flat_map(|r| [r, r * 100]).collect();
+        c.check("all_gather_u64", all == want, || format!("{all:?}"));
+    }
+    let t = g.all_true(true);
+    let f = g.all_true(rank != size - 1);
+    c.check("all_true", t == Ok(true) && f == Ok(false), || {
+        format!("{t:?} {f:?}")
+    });
+}
+
+fn subgroups(c: &mut Checker, g: &Group, expect_hosts: Option<u64>) {
+    let (rank, size) = (g.rank(), g.size());
+
+    // Blocks of 2 (on 4 ranks: {0,1}, {2,3}).
+    if size % 2 == 0
+        && let Some(pair) = c.ok("new_subgroups(2)", g.new_subgroups(2))
+    {
+        let lo = rank / 2 * 2;
+        let mut v = vec![rank as f32; 2];
+        let r = pair.average_slice(&mut v);
+        c.check(
+            "new_subgroups(2)",
+            pair.world_ranks() == [lo, lo + 1]
+                && pair.rank() == rank % 2
+                && r.is_ok()
+                && v[0] == (2 * lo + 1) as f32 / 2.0,
+            || format!("{:?} {r:?} {v:?}", pair.world_ranks()),
+        );
+        // A color split of a subgroup: each pair split into singletons.
+        if let Some(single) = c.ok("nested split", pair.split(pair.rank() as u64)) {
+            c.check("nested split", single.world_ranks() == [rank], || {
+                format!("{:?}", single.world_ranks())
+            });
+        }
+    }
+    if let Some(all) = c.ok("new_subgroups(size)", g.new_subgroups(size)) {
+        c.check(
+            "new_subgroups(size) is a new group of everyone",
+            all.world_ranks() == g.world_ranks() && all.rank() == rank,
+            || format!("{:?}", all.world_ranks()),
+        );
+    }
+    for bad in [0, size + 1] {
+        let r = g.new_subgroups(bad);
+        c.check(
+            &format!("new_subgroups({bad}) refused"),
+            matches!(r, Err(CommError::InvalidSubgroupSize(_))),
+            || format!("{r:?}"),
+        );
+    }
+    if size == 4 {
+        let r = g.new_subgroups(3);
+        c.check(
+            "new_subgroups(3) refused on 4",
+            matches!(&r, Err(CommError::InvalidSubgroupSize(m)) if m == "group size 4 must be divisible by subgroup size 3"),
+            || format!("{r:?}"),
+        );
+    }
+
+    // Color split with colors far outside MPI's int range: even and odd ranks.
+    let color = u64::MAX - (rank % 2) as u64;
+    if let Some(parity) = c.ok("split by color", g.split(color)) {
+        let want: Vec<usize> = (0..size).filter(|r| r % 2 == rank % 2).collect();
+        let mut v = vec![1f64; 3];
+        let r = parity.all_reduce_slice(&mut v, ReduceOp::Sum);
+        c.check(
+            "split by color",
+            parity.world_ranks() == want && r.is_ok() && v[0] == want.len() as f64,
+            || format!("{:?} {r:?} {v:?}", parity.world_ranks()),
+        );
+    }
+
+    // Intra-node group: exactly the world ranks with this rank's host id.
+    let hosts = c.ok("host ids", g.all_gather_u64(&[g.host_id()]));
+    if let (Some(hosts), Some(node)) = (hosts, c.ok("intra_node", g.intra_node())) {
+        let want: Vec<usize> = (0..size).filter(|&r| hosts[r] == g.host_id()).collect();
+        println!(
+            "INTRA rank {rank} host {:016x} intra_node world ranks {:?}",
+            g.host_id(),
+            node.world_ranks()
+        );
+        let mut v = vec![1f32; 2];
+        let r = node.all_reduce_slice(&mut v, ReduceOp::Sum);
+        c.check(
+            "intra_node follows hosts",
+            node.world_ranks() == want && r.is_ok() && v[0] == want.len() as f32,
+            || format!("intra {:?} vs same-host {want:?} {r:?}", node.world_ranks()),
+        );
+        if let Some(n) = expect_hosts {
+            let mut distinct = hosts.clone();
+            distinct.sort_unstable();
+            distinct.dedup();
+            c.check(
+                &format!("{n} hosts, each with an equal intra-node group"),
+                distinct.len() as u64 == n && node.size() as u64 * n == size as u64,
+                || {
+                    format!(
+                        "{} distinct hosts, intra size {}",
+                        distinct.len(),
+                        node.size()
+                    )
+                },
+            );
+        }
+    }
+}
+
+fn traffic(c: &mut Checker, g: &Group) {
+    let Some(sub) = c.ok("traffic subgroup", g.split(0)) else {
+        return;
+    };
+    let w0 = g.traffic();
+    let s0 = sub.traffic();
+    let mut a = vec![0f32; 10];
+    let mut b = vec![0f64; 3];
+    let r1 = g.all_reduce_slice(&mut a, ReduceOp::Sum);
+    let r2 = sub.all_reduce_slice(&mut b, ReduceOp::Max);
+    let r3 = sub.barrier();
+    let (dw, ds) = (g.traffic() - w0, sub.traffic() - s0);
+    c.check(
+        "traffic counters (subgroup charged to parent)",
+        r1.is_ok()
+            && r2.is_ok()
+            && r3.is_ok()
+            && (dw.collectives, dw.bytes, ds.collectives, ds.bytes) == (3, 64, 2, 24),
+        || format!("world {dw:?} sub {ds:?}"),
+    );
+}
+
+fn mismatches(c: &mut Checker, g: &Group) {
+    let (rank, size) = (g.rank(), g.size());
+    if size < 2 {
+        return;
+    }
+    // Rank 0 reduces 5 elements, the others 4.
+    let mut v = vec![1f32; if rank == 0 { 5 } else { 4 }];
+    let r = g.all_reduce_slice(&mut v, ReduceOp::Sum);
+    let ok = match &r {
+        Err(CommError::Mismatch { calls, group }) => {
+            group == g.world_ranks()
+                && calls.len() == size
+                && calls[0] == (0, "all_reduce(sum, f32 x 5)".to_string())
+                && calls[1..]
+                    .iter()
+                    .enumerate()
+                    .all(|(i, call)| *call == (i + 1, "all_reduce(sum, f32 x 4)".to_string()))
+        }
+        _ => false,
+    };
+    c.check("mismatch: lengths", ok && v == vec![1.0; v.len()], || {
+        format!("{r:?}")
+    });
+    if let (0, Err(e)) = (rank, &r) {
+        println!("MISMATCH {e}");
+    }
+
+    // The last rank calls a barrier while the others broadcast.
+    let r = if rank == size - 1 {
+        g.barrier()
+    } else {
+        g.broadcast_slice(&mut v, 0)
+    };
+    let ok = matches!(&r, Err(CommError::Mismatch { calls, .. })
+        if calls[size - 1].1 == "barrier()" && calls[0].1.starts_with("broadcast(root 0"));
+    c.check("mismatch: kinds", ok, || format!("{r:?}"));
+
+    // The group still works afterwards.
+    let mut w = vec![1f32; 4];
+    let r = g.all_reduce_slice(&mut w, ReduceOp::Sum);
+    c.check(
+        "collectives work after a mismatch",
+        r.is_ok() && w[0] == size as f32,
+        || format!("{r:?} {w:?}"),
+    );
+}
+
+fn kill_rank(victim: usize) -> Result<(), String> {
+    let (_world, g) = init(MpiConfig::default())?;
+    let mut v = vec![1f32; 1 << 16];
+    g.all_reduce_slice(&mut v, ReduceOp::Sum)
+        .map_err(|e| e.to_string())?;
+    if g.rank() == victim {
+        println!("rank {victim} kills itself (SIGKILL)");
+        let pid = std::process::id().to_string();
+        let status = std::process::Command::new("kill")
+            .args(["-KILL", &pid])
+            .status();
+        std::thread::sleep(Duration::from_secs(5));
+        return Err(format!(
+            "kill -KILL {pid} did not end the process: {status:?}"
+        ));
+    }
+    let start = Instant::now();
+    loop {
+        g.all_reduce_slice(&mut v, ReduceOp::Sum)
+            .map_err(|e| format!("rank {} after {:?}: {e}", g.rank(), start.elapsed()))?;
+        if start.elapsed() > Duration::from_secs(600) {
+            return Err("the job survived a killed rank for 10 minutes".into());
+        }
+    }
+}
+
+fn hang_rank(sleeper: usize, timeout_s: u64) -> Result<(), String> {
+    let config = MpiConfig::default().with_timeout(Duration::from_secs(timeout_s));
+    let (_world, g) = init(config)?;
+    g.barrier().map_err(|e| e.to_string())?;
+    if g.rank() == sleeper {
+        println!("rank {sleeper} stops taking part (sleeps)");
+        std::thread::sleep(Duration::from_secs(600));
+        return Err("the watchdog did not end the job".into());
+    }
+    let mut v = vec![1f32; 8];
+    g.all_reduce_slice(&mut v, ReduceOp::Sum)
+        .map_err(|e| e.to_string())?;
+    Err("the all-reduce completed without the sleeping rank".into())
+}
+
+fn abort_rank(victim: usize) -> Result<(), String> {
+    let (world, g) = init(MpiConfig::default())?;
+    g.barrier().map_err(|e| e.to_string())?;
+    if g.rank() == victim {
+        println!("rank {victim} aborts the job");
+        world.abort(3);
+    }
+    let mut v = vec![1f32; 8];
+    g.all_reduce_slice(&mut v, ReduceOp::Sum)
+        .map_err(|e| e.to_string())?;
+    Err("the all-reduce completed without the aborting rank".into())
+}
+
+fn bench() -> Result<(), String> {
+    let (_world, g) = init(MpiConfig::default())?;
+    for len in [1usize << 20, 16 << 20] {
+        let mut buf = vec![g.rank() as f32; len];
+        let iters = if len <= 1 << 20 { 50 } else { 10 };
+        g.all_reduce_slice(&mut buf, ReduceOp::Sum)
+            .map_err(|e| e.to_string())?;
+        let mut best = Duration::MAX;
+        for _ in 0..5 {
+            g.barrier().map_err(|e| e.to_string())?;
+            let start = Instant::now();
+            for _ in 0..iters {
+                g.all_reduce_slice(&mut buf, ReduceOp::Sum)
+                    .map_err(|e| e.to_string())?;
+            }
+            // The slowest rank's time counts.
+            let mine = start.elapsed().as_nanos() as u64;
+            let all = g.all_gather_u64(&[mine]).map_err(|e| e.to_string())?;
+            let slowest = Duration::from_nanos(all.into_iter().max().unwrap_or(mine));
+            best = best.min(slowest / iters);
+        }
+        if g.rank() == 0 {
+            println!(
+                "BENCH mpi ranks={} floats={len} time_per_allreduce_us={:.1} throughput_gbps={:.2}",
+                g.size(),
+                best.as_secs_f64() * 1e6,
+                (len * 4) as f64 / best.as_secs_f64() / 1e9
+            );
+        }
+    }
+    Ok(())
+}

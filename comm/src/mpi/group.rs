@@ -1,0 +1,399 @@
+//! `MpiGroup`: one process's handle on an MPI communicator.
+
+use super::ffi::{self as mffi, Comm, MAX_COUNT, check};
+use super::ops::MpiElement;
+use super::{MpiConfig, Runtime};
+use crate::buffer::BufferMut;
+use crate::error::CommError;
+use crate::group::{Group, ProcessGroup};
+use crate::signature::{CallSignature, ReduceOp};
+use crate::traffic::{Traffic, TrafficChain};
+use mpi::ffi;
+use std::ffi::{c_int, c_void};
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+/// One process's handle on a group of MPI ranks (a communicator).
+///
+/// Obtained from [`MpiWorld::init`](super::MpiWorld::init) (the world) and from the subgroup
+/// methods of [`ProcessGroup`]. Every collective runs under the process's watchdog (a collective
+/// that exceeds the group timeout aborts the job), and, when
+/// [signature checks](MpiConfig::with_signature_check) are on, after a cross-rank comparison of
+/// the call's signature.
+pub struct MpiGroup {
+    comm: Comm,
+    /// Whether this handle created `comm` (and frees it when dropped); false for the world.
+    owned: bool,
+    rank: usize,
+    world_ranks: Arc<[usize]>,
+    traffic: TrafficChain,
+    config: MpiConfig,
+    runtime: Arc<Runtime>,
+    /// Serialises collectives issued through this handle by several threads of one rank (MPI
+    /// requires the collectives of a communicator to be issued one after the other, in the same
+    /// order on every rank; threads that interleave differently on different ranks then get a
+    /// mismatch error with signature checks on).
+    issue: Mutex<()>,
+}
+
+impl fmt::Debug for MpiGroup {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MpiGroup")
+            .field("rank", &self.rank)
+            .field("world_ranks", &&self.world_ranks[..])
+            .field("signature_check", &self.config.signature_check)
+            .finish()
+    }
+}
+
+impl MpiGroup {
+    /// The world group (`MPI_COMM_WORLD`).
+    pub(crate) fn world(runtime: Arc<Runtime>, config: MpiConfig) -> Result<Self, CommError> {
+        let comm = mffi::comm_world();
+        let rank = mffi::comm_rank(comm)?;
+        let size = mffi::comm_size(comm)?;
+        Ok(Self {
+            comm,
+            owned: false,
+            rank,
+            world_ranks: (0..size).collect(),
+            traffic: TrafficChain::root(),
+            config,
+            runtime,
+            issue: Mutex::new(()),
+        })
+    }
+
+    /// A group over a communicator this rank just created from `self` (called inside one of
+    /// `self`'s collectives; frees `comm` when it fails).
+    fn child(&self, comm: Comm, world_ranks: Vec<usize>) -> Result<Self, CommError> {
+        let setup = || -> Result<usize, CommError> {
+            mffi::errors_return(comm)?;
+            let size = mffi::comm_size(comm)?;
+            if size != world_ranks.len() {
+                return Err(CommError::Backend {
+                    backend: "mpi",
+                    message: format!(
+                        "new communicator has {size} ranks but its members are {world_ranks:?}"
+                    ),
+                });
+            }
+            mffi::comm_rank(comm)
+        };
+        match setup() {
+            Ok(rank) => Ok(Self {
+                comm,
+                owned: true,
+                rank,
+                world_ranks: world_ranks.into(),
+                traffic: self.traffic.child(),
+                config: self.config.clone(),
+                runtime: self.runtime.clone(),
+                issue: Mutex::new(()),
+            }),
+            Err(e) => {
+                mffi::free_comm(comm);
+                Err(e)
+            }
+        }
+    }
+
+    /// This rank's world rank.
+    fn world_rank(&self) -> usize {
+        self.world_ranks[self.rank]
+    }
+
+    /// Whether every collective on this group is preceded by a cross-rank signature check.
+    pub fn signature_check(&self) -> bool {
+        self.config.signature_check
+    }
+
+    fn check(&self, rc: c_int, call: &CallSignature, function: &str) -> Result<(), CommError> {
+        check(rc, || {
+            format!(
+                "{function} for {call} on group {:?} (world rank {})",
+                &self.world_ranks[..],
+                self.world_rank()
+            )
+        })
+    }
+
+    /// Run one collective: serialise (if MPI lacks thread support), watch it, check signatures
+    /// (if enabled), run `body`, count the traffic.
+    fn collective<R>(
+        &self,
+        sig: CallSignature,
+        body: impl FnOnce() -> Result<R, CommError>,
+    ) -> Result<R, CommError> {
+        let _issuing = self.issue.lock().unwrap_or_else(|e| e.into_inner());
+        let _serial = self.runtime.enter()?;
+        let _watch = self
+            .runtime
+            .watchdog
+            .watch(sig, &self.world_ranks, self.config.timeout);
+        if self.config.signature_check {
+            self.check_signature(&sig)?;
+        }
+        let out = body()?;
+        self.traffic.record(sig.payload_bytes());
+        Ok(out)
+    }
+
+    /// One 6-word all-reduce (max of the signature and of its complement, i.e. max and min);
+    /// on disagreement, an all-gather of every rank's signature to name each rank's call.
+    fn check_signature(&self, sig: &CallSignature) -> Result<(), CommError> {
+        let w = sig.encode();
+        let send = [w[0], w[1], w[2], !w[0], !w[1], !w[2]];
+        let mut recv = [0u64; 6];
+        // SAFETY: both buffers hold 6 words; the datatype and op are predefined.
+        let rc = unsafe {
+            ffi::MPI_Allreduce(
+                send.as_ptr() as *const c_void,
+                recv.as_mut_ptr() as *mut c_void,
+                6,
+                ffi::RSMPI_UINT64_T,
+                ffi::RSMPI_MAX,
+                self.comm.0,
+            )
+        };
+        self.check(rc, sig, "MPI_Allreduce (signature check)")?;
+        if (0..3).all(|i| recv[i] == !recv[i + 3]) {
+            return Ok(());
+        }
+        let all = mffi::all_gather_u64(self.comm, &w, self.size())?;
+        let calls = all
+            .chunks_exact(3)
+            .enumerate()
+            .map(|(r, words)| {
+                let words = [words[0], words[1], words[2]];
+                let call = CallSignature::decode(words)
+                    .map_or_else(|| format!("an unknown call {words:?}"), |s| s.to_string());
+                (self.world_ranks[r], call)
+            })
+            .collect();
+        Err(CommError::Mismatch {
+            calls,
+            group: self.world_ranks.to_vec(),
+        })
+    }
+
+    fn all_reduce_typed<T: MpiElement>(
+        &self,
+        buf: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        let sig = CallSignature::all_reduce(op, T::TYPE, buf.len());
+        let mpi_op = T::op(&self.runtime.ops, op);
+        let in_place = self.runtime.in_place;
+        self.collective(sig, || {
+            for_pieces(buf, |piece| {
+                let count = piece.len() as c_int;
+                let recv = piece.as_mut_ptr() as *mut c_void;
+                let rc = match in_place {
+                    // SAFETY: `sentinel` is this library's MPI_IN_PLACE; `piece` is a live buffer
+                    // of `count` elements of the datatype.
+                    Some(sentinel) => unsafe {
+                        ffi::MPI_Allreduce(
+                            sentinel as *const c_void,
+                            recv,
+                            count,
+                            T::datatype(),
+                            mpi_op.0,
+                            self.comm.0,
+                        )
+                    },
+                    None => {
+                        // Unknown MPI library (no known MPI_IN_PLACE value): one copy.
+                        let send = piece.to_vec();
+                        // SAFETY: `send` and `piece` hold `count` elements each.
+                        unsafe {
+                            ffi::MPI_Allreduce(
+                                send.as_ptr() as *const c_void,
+                                recv,
+                                count,
+                                T::datatype(),
+                                mpi_op.0,
+                                self.comm.0,
+                            )
+                        }
+                    }
+                };
+                self.check(rc, &sig, "MPI_Allreduce")
+            })?;
+            if op == ReduceOp::Mean {
+                let n = self.size();
+                for x in buf.iter_mut() {
+                    *x = x.div_count(n);
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn broadcast_typed<T: MpiElement>(&self, buf: &mut [T], root: usize) -> Result<(), CommError> {
+        let size = self.size();
+        if root >= size {
+            return Err(CommError::InvalidRoot { root, size });
+        }
+        let sig = CallSignature::broadcast(root, T::TYPE, buf.len());
+        self.collective(sig, || {
+            for_pieces(buf, |piece| {
+                // SAFETY: `piece` is a live buffer of `piece.len()` elements of the datatype;
+                // `root` is a rank of the communicator.
+                let rc = unsafe {
+                    ffi::MPI_Bcast(
+                        piece.as_mut_ptr() as *mut c_void,
+                        piece.len() as c_int,
+                        T::datatype(),
+                        root as c_int,
+                        self.comm.0,
+                    )
+                };
+                self.check(rc, &sig, "MPI_Bcast")
+            })
+        })
+    }
+}
+
+/// Call `f` on consecutive pieces of at most [`MAX_COUNT`] elements (once, on the empty slice,
+/// for an empty buffer, so every rank still takes part in the collective).
+fn for_pieces<T>(
+    buf: &mut [T],
+    mut f: impl FnMut(&mut [T]) -> Result<(), CommError>,
+) -> Result<(), CommError> {
+    if buf.is_empty() {
+        return f(buf);
+    }
+    buf.chunks_mut(MAX_COUNT).try_for_each(f)
+}
+
+impl Drop for MpiGroup {
+    fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
+        // After MPI_Finalize (the MpiWorld was dropped first) the communicator is gone already.
+        let Ok(_serial) = self.runtime.enter() else {
+            return;
+        };
+        mffi::free_comm(self.comm);
+    }
+}
+
+impl ProcessGroup for MpiGroup {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.world_ranks.len()
+    }
+
+    fn world_ranks(&self) -> &[usize] {
+        &self.world_ranks
+    }
+
+    fn backend(&self) -> &'static str {
+        "mpi"
+    }
+
+    fn all_reduce(&self, buf: BufferMut<'_>, op: ReduceOp) -> Result<(), CommError> {
+        match buf {
+            BufferMut::F32(b) => self.all_reduce_typed(b, op),
+            BufferMut::F64(b) => self.all_reduce_typed(b, op),
+            BufferMut::F16(b) => self.all_reduce_typed(b, op),
+            BufferMut::BF16(b) => self.all_reduce_typed(b, op),
+        }
+    }
+
+    fn broadcast(&self, buf: BufferMut<'_>, root: usize) -> Result<(), CommError> {
+        match buf {
+            BufferMut::F32(b) => self.broadcast_typed(b, root),
+            BufferMut::F64(b) => self.broadcast_typed(b, root),
+            BufferMut::F16(b) => self.broadcast_typed(b, root),
+            BufferMut::BF16(b) => self.broadcast_typed(b, root),
+        }
+    }
+
+    fn barrier(&self) -> Result<(), CommError> {
+        let sig = CallSignature::barrier();
+        self.collective(sig, || {
+            // SAFETY: valid communicator.
+            let rc = unsafe { ffi::MPI_Barrier(self.comm.0) };
+            self.check(rc, &sig, "MPI_Barrier")
+        })
+    }
+
+    fn all_gather_u64(&self, local: &[u64]) -> Result<Vec<u64>, CommError> {
+        let sig = CallSignature::all_gather(local.len());
+        self.collective(sig, || mffi::all_gather_u64(self.comm, local, self.size()))
+    }
+
+    /// `MPI_Comm_split` after an all-gather of the colors (MPI colors are non-negative `int`s,
+    /// ours are `u64`: each color is replaced by its index among the distinct colors).
+    fn split(&self, color: u64) -> Result<Group, CommError> {
+        let sig = CallSignature::split();
+        self.collective(sig, || {
+            let colors = mffi::all_gather_u64(self.comm, &[color], self.size())?;
+            let mut distinct = colors.clone();
+            distinct.sort_unstable();
+            distinct.dedup();
+            let index = distinct.binary_search(&color).unwrap_or_default();
+            let members: Vec<usize> = (0..colors.len())
+                .filter(|&r| colors[r] == color)
+                .map(|r| self.world_ranks[r])
+                .collect();
+            // SAFETY: a null handle is overwritten by MPI_Comm_split on success.
+            let mut new: ffi::MPI_Comm = unsafe { std::mem::zeroed() };
+            // SAFETY: valid communicator; the color index and key are non-negative ints (a
+            // group has fewer than 2^31 ranks).
+            let rc = unsafe {
+                ffi::MPI_Comm_split(self.comm.0, index as c_int, self.rank as c_int, &mut new)
+            };
+            self.check(rc, &sig, "MPI_Comm_split")?;
+            let group: Group = Arc::new(self.child(Comm(new), members)?);
+            Ok(group)
+        })
+    }
+
+    fn host_id(&self) -> u64 {
+        self.runtime.host_id
+    }
+
+    fn traffic(&self) -> Traffic {
+        self.traffic.snapshot()
+    }
+
+    /// `MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)`: the ranks that share memory with this one,
+    /// as the MPI launcher sees nodes.
+    fn intra_node(&self) -> Result<Group, CommError> {
+        let sig = CallSignature::split();
+        self.collective(sig, || {
+            // SAFETY: a null handle is overwritten by MPI_Comm_split_type on success.
+            let mut new: ffi::MPI_Comm = unsafe { std::mem::zeroed() };
+            // SAFETY: valid communicator; predefined split type and info.
+            let rc = unsafe {
+                ffi::MPI_Comm_split_type(
+                    self.comm.0,
+                    ffi::RSMPI_COMM_TYPE_SHARED,
+                    self.rank as c_int,
+                    ffi::RSMPI_INFO_NULL,
+                    &mut new,
+                )
+            };
+            self.check(rc, &sig, "MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)")?;
+            let comm = Comm(new);
+            let members = mffi::comm_size(comm)
+                .and_then(|size| mffi::all_gather_u64(comm, &[self.world_rank() as u64], size));
+            let members = match members {
+                Ok(m) => m.into_iter().map(|r| r as usize).collect(),
+                Err(e) => {
+                    mffi::free_comm(comm);
+                    return Err(e);
+                }
+            };
+            let group: Group = Arc::new(self.child(comm, members)?);
+            Ok(group)
+        })
+    }
+}

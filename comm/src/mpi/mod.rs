@@ -1,0 +1,274 @@
+//! The MPI backend (cargo feature `mpi`): one process per rank, launched by `mpirun`.
+//!
+//! [`MpiWorld::init`] initialises MPI once per process and returns the world [`Group`]; keep
+//! the [`MpiWorld`] alive for as long as any group is used (dropping it finalises MPI).
+//!
+//! - All-reduce runs in place (`MPI_IN_PLACE`, no copy of the buffer). `f16`/`bf16` travel as
+//!   16-bit words and are reduced by user-defined operations with IEEE half rounding per
+//!   addition (no conversion copy); see the `ops` module notes. A mean is a sum followed by a
+//!   division on each rank, as in the thread backend.
+//! - Subgroups: [`split`](ProcessGroup::split) is `MPI_Comm_split`, blocks
+//!   ([`new_subgroups`](ProcessGroup::new_subgroups)) are a split by `rank / size`, and
+//!   [`intra_node`](ProcessGroup::intra_node) is `MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)`;
+//!   [`host_id`](ProcessGroup::host_id) is a hash of `MPI_Get_processor_name`.
+//! - No hang: a watchdog thread aborts the whole job (`MPI_Abort`, exit code
+//!   [`WATCHDOG_EXIT_CODE`]) when a collective exceeds the group timeout, after printing the
+//!   collective, the group and this rank to stderr. A rank that is killed is normally noticed
+//!   sooner by `mpirun` itself, which then terminates the others.
+//! - Mismatch detection is opt-in ([`MpiConfig::with_signature_check`]): before each
+//!   collective, one extra all-reduce of 6 `u64` words (48 bytes: the max of the 3-word call
+//!   signature and of its complement, i.e. max and min); only when they differ, an all-gather of
+//!   every rank's 3 words to build the same [`CommError::Mismatch`] as the thread backend. That
+//!   costs one small-message latency per collective (a few microseconds in shared memory, tens
+//!   over TCP). Without the check, mismatched collectives are undefined behaviour in MPI: they
+//!   hang (the watchdog then aborts the job), fail with an MPI error, or give wrong results.
+//! - Traffic counters count the payload of each collective like the thread backend; the
+//!   signature-check words are not counted.
+//!
+//! ```no_run
+//! use localsgd_comm::mpi::{MpiConfig, MpiWorld};
+//! use localsgd_comm::{GroupExt, ProcessGroup};
+//! use std::time::Duration;
+//!
+//! // Run with `mpirun -np 4 my-program`.
+//! let config = MpiConfig::default()
+//!     .with_timeout(Duration::from_secs(60))
+//!     .with_signature_check(true);
+//! let (_world, group) = MpiWorld::init_with(config)?;
+//! let mut v = vec![group.rank() as f32; 4];
+//! group.average_slice(&mut v)?;
+//! let node = group.intra_node()?; // the ranks on this machine
+//! # Ok::<(), localsgd_comm::CommError>(())
+//! ```
+
+mod ffi;
+mod group;
+mod ops;
+mod watchdog;
+
+pub use group::MpiGroup;
+pub use watchdog::WATCHDOG_EXIT_CODE;
+
+use crate::error::CommError;
+use crate::group::Group;
+#[cfg(doc)]
+use crate::group::ProcessGroup;
+use mpi::environment::{Threading, Universe};
+use ops::UserOps;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use watchdog::Watchdog;
+
+/// Default collective timeout of MPI groups (same as the thread backend's).
+pub const DEFAULT_TIMEOUT: Duration = crate::thread::DEFAULT_TIMEOUT;
+
+/// Settings of the MPI groups of a process (subgroups inherit them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MpiConfig {
+    timeout: Duration,
+    signature_check: bool,
+}
+
+impl Default for MpiConfig {
+    fn default() -> Self {
+        Self {
+            timeout: DEFAULT_TIMEOUT,
+            signature_check: false,
+        }
+    }
+}
+
+impl MpiConfig {
+    /// How long one collective may take before the watchdog aborts the job (must be positive).
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Compare every collective's signature across the group before running it (one extra
+    /// 48-byte all-reduce per collective); mismatches then return [`CommError::Mismatch`] on
+    /// every rank instead of hanging or corrupting results.
+    pub fn with_signature_check(mut self, on: bool) -> Self {
+        self.signature_check = on;
+        self
+    }
+
+    /// The collective timeout.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Whether signature checks are on.
+    pub fn signature_check(&self) -> bool {
+        self.signature_check
+    }
+}
+
+/// Process-wide MPI state shared by every group of the process.
+#[derive(Debug)]
+pub(crate) struct Runtime {
+    watchdog: Watchdog,
+    ops: UserOps,
+    /// This library's `MPI_IN_PLACE`, when known.
+    in_place: Option<usize>,
+    /// Serialises MPI calls when the library does not provide `MPI_THREAD_MULTIPLE`.
+    serial: Option<Mutex<()>>,
+    finalized: AtomicBool,
+    host_id: u64,
+}
+
+impl Runtime {
+    /// Enter an MPI call: fails after finalisation, holds the serialising lock if there is one.
+    fn enter(&self) -> Result<Option<MutexGuard<'_, ()>>, CommError> {
+        if self.finalized.load(Ordering::Acquire) {
+            return Err(CommError::Backend {
+                backend: "mpi",
+                message: "MPI was finalized (the MpiWorld was dropped) but a group is still in use"
+                    .into(),
+            });
+        }
+        Ok(self
+            .serial
+            .as_ref()
+            .map(|m| m.lock().unwrap_or_else(|e| e.into_inner())))
+    }
+}
+
+/// The MPI environment of this process: initialised by [`MpiWorld::init`], finalised when
+/// dropped. Keep it alive for the whole program.
+pub struct MpiWorld {
+    runtime: Arc<Runtime>,
+    processor_name: String,
+    library_version: String,
+    thread_multiple: bool,
+    universe: Option<Universe>,
+}
+
+impl std::fmt::Debug for MpiWorld {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MpiWorld")
+            .field("processor_name", &self.processor_name)
+            .field("library_version", &self.library_version)
+            .field("thread_multiple", &self.thread_multiple)
+            .finish()
+    }
+}
+
+impl MpiWorld {
+    /// Initialise MPI with the [default settings](MpiConfig::default) and return the world
+    /// group. Call once per process (MPI cannot be initialised twice).
+    pub fn init() -> Result<(MpiWorld, Group), CommError> {
+        Self::init_with(MpiConfig::default())
+    }
+
+    /// Initialise MPI with `config` and return the world group. Call once per process.
+    pub fn init_with(config: MpiConfig) -> Result<(MpiWorld, Group), CommError> {
+        if config.timeout.is_zero() {
+            return Err(CommError::InvalidConfig(
+                "the MPI collective timeout must be positive (got 0s)".into(),
+            ));
+        }
+        let (universe, threading) = mpi::initialize_with_threading(Threading::Multiple)
+            .ok_or_else(|| CommError::Backend {
+                backend: "mpi",
+                message: "MPI is already initialised in this process: MpiWorld::init may be \
+                          called only once per process"
+                    .into(),
+            })?;
+        let world = ffi::comm_world();
+        ffi::errors_return(world)?;
+        let library_version = mpi::environment::library_version()
+            .unwrap_or_default()
+            .trim_matches(|c: char| c == '\0' || c.is_whitespace())
+            .to_string();
+        let in_place = ffi::in_place_sentinel(&library_version);
+        if in_place.is_none() {
+            tracing::warn!(
+                "unknown MPI library ({library_version:?}): MPI_IN_PLACE is not known, so every \
+                 all-reduce copies its buffer once"
+            );
+        }
+        let thread_multiple = threading == Threading::Multiple;
+        if !thread_multiple {
+            tracing::warn!(
+                "the MPI library provides {threading:?} thread support, not Multiple: MPI calls \
+                 are serialised by a lock"
+            );
+        }
+        let processor_name = ffi::processor_name()?;
+        let world_rank = ffi::comm_rank(world)?;
+        let watchdog = Watchdog::start(world_rank, processor_name.clone()).map_err(|e| {
+            CommError::Backend {
+                backend: "mpi",
+                message: format!("could not start the watchdog thread: {e}"),
+            }
+        })?;
+        let runtime = Arc::new(Runtime {
+            watchdog,
+            ops: UserOps::create()?,
+            in_place,
+            serial: (!thread_multiple).then(|| Mutex::new(())),
+            finalized: AtomicBool::new(false),
+            host_id: host_hash(&processor_name),
+        });
+        let group = group::MpiGroup::world(runtime.clone(), config)?;
+        let world = MpiWorld {
+            runtime,
+            processor_name,
+            library_version,
+            thread_multiple,
+            universe: Some(universe),
+        };
+        Ok((world, Arc::new(group)))
+    }
+
+    /// The host name MPI reports for this process (`MPI_Get_processor_name`).
+    pub fn processor_name(&self) -> &str {
+        &self.processor_name
+    }
+
+    /// The MPI library's version string (`MPI_Get_library_version`).
+    pub fn library_version(&self) -> &str {
+        &self.library_version
+    }
+
+    /// Whether the library provides `MPI_THREAD_MULTIPLE` (otherwise calls are serialised).
+    pub fn thread_multiple(&self) -> bool {
+        self.thread_multiple
+    }
+
+    /// End every process of the job at once with exit code `code` (`MPI_Abort`).
+    ///
+    /// Use it when one rank hits a fatal error: returning normally would drop the world, and
+    /// `MPI_Finalize` waits for every rank while the others wait in their next collective, so
+    /// the job would only end at the collective timeout. (A process that exits non-zero without
+    /// finalising, e.g. `std::process::exit(1)`, also makes `mpirun` end the job.)
+    pub fn abort(&self, code: i32) -> ! {
+        ffi::abort_world(code)
+    }
+}
+
+impl Drop for MpiWorld {
+    /// Finalises MPI. `MPI_Finalize` waits for every rank, so a rank that leaves early would
+    /// wait there while its peers wait in a collective: when the world is dropped during a panic,
+    /// the job is aborted instead (exit code 101, Rust's panic code).
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            ffi::abort_world(101);
+        }
+        let _serial = self.runtime.enter();
+        self.runtime.finalized.store(true, Ordering::Release);
+        self.runtime.watchdog.stop();
+        self.runtime.ops.free();
+        // Dropping the universe calls MPI_Finalize.
+        self.universe.take();
+    }
+}
+
+/// A stable 64-bit hash (FNV-1a) of a host name: equal names give equal ids on every rank.
+fn host_hash(name: &str) -> u64 {
+    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}

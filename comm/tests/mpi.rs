@@ -1,0 +1,176 @@
+//! MPI backend tests. MPI initialises once per process, so each test launches the `mpi_check`
+//! driver under `mpirun` and checks its exit status and output.
+#![cfg(feature = "mpi")]
+
+use std::process::{Command, Output};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+const CHECK: &str = env!("CARGO_BIN_EXE_mpi_check");
+
+/// `mpirun -np <ranks>` with the settings every test needs: root allowed (CI containers run as
+/// root), more ranks than cores allowed, shared memory and loopback TCP only.
+/// One MPI job at a time: oversubscribed jobs running side by side on a small CI machine would
+/// only slow each other down.
+static ONE_JOB: Mutex<()> = Mutex::new(());
+
+/// Run the driver on `ranks` ranks; returns its output and how long the job took.
+fn mpirun(ranks: usize, args: &[&str]) -> (Output, Duration) {
+    let _one = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
+    let start = Instant::now();
+    let out = Command::new("mpirun")
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .args(["--oversubscribe", "--mca", "btl", "self,vader,tcp"])
+        .args(["--mca", "btl_vader_single_copy_mechanism", "none"])
+        .args(["-np", &ranks.to_string(), CHECK])
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("could not run mpirun (is OpenMPI installed?): {e}"));
+    let took = start.elapsed();
+    println!("exit: {:?} after {took:?}", out.status);
+    println!("stdout:\n{}", String::from_utf8_lossy(&out.stdout));
+    println!("stderr:\n{}", String::from_utf8_lossy(&out.stderr));
+    (out, took)
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn all_output(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[test]
+fn four_ranks_pass_every_check_with_signature_checks() {
+    let (out, _) = mpirun(4, &["check"]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}");
+    assert!(!text.contains("FAIL"), "{text}");
+    assert!(
+        text.contains("ALL PASS (4 ranks, signature check true"),
+        "{text}"
+    );
+    for name in [
+        "all_reduce f32 sum",
+        "average f16 spec V3 (1.599609375)",
+        "max f16",
+        "all_reduce 1M bit-identical",
+        "broadcast invalid root",
+        "new_subgroups(2)",
+        "new_subgroups(3) refused on 4",
+        "split by color",
+        "intra_node follows hosts",
+        "traffic counters (subgroup charged to parent)",
+        "mismatch: lengths",
+        "mismatch: kinds",
+        "collectives work after a mismatch",
+    ] {
+        assert!(
+            text.contains(&format!("PASS {name}")),
+            "missing PASS {name}:\n{text}"
+        );
+    }
+    assert!(
+        text.contains("MISMATCH collective mismatch on group [0, 1, 2, 3]: rank 0 called all_reduce(sum, f32 x 5), rank 1 called all_reduce(sum, f32 x 4)"),
+        "{text}"
+    );
+    // One machine: every rank's intra-node group is the whole world.
+    assert_eq!(
+        text.matches("intra_node world ranks [0, 1, 2, 3]").count(),
+        4,
+        "{text}"
+    );
+}
+
+#[test]
+fn three_ranks_pass_without_signature_checks() {
+    let (out, _) = mpirun(3, &["check", "--no-signature-check"]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}");
+    assert!(!text.contains("FAIL"), "{text}");
+    assert!(
+        text.contains("ALL PASS (3 ranks, signature check false"),
+        "{text}"
+    );
+    assert!(!text.contains("PASS mismatch"), "{text}");
+}
+
+#[test]
+fn a_killed_rank_ends_the_job_non_zero() {
+    let (out, took) = mpirun(3, &["kill-rank", "1"]);
+    let text = all_output(&out);
+    assert!(!out.status.success(), "{text}");
+    assert!(took < Duration::from_secs(60), "took {took:?}\n{text}");
+    assert!(text.contains("rank 1 kills itself"), "{text}");
+    // mpirun reports the dead rank and the signal.
+    assert!(text.contains("signal 9"), "{text}");
+}
+
+#[test]
+fn the_watchdog_aborts_a_hung_collective() {
+    let (out, took) = mpirun(3, &["hang-rank", "2", "--timeout", "5"]);
+    let text = all_output(&out);
+    assert_eq!(out.status.code(), Some(70), "{text}");
+    assert!(took < Duration::from_secs(60), "took {took:?}\n{text}");
+    assert!(
+        text.contains("collective all_reduce(sum, f32 x 8) on group [0, 1, 2] (world ranks) did not complete within the timeout of 5s"),
+        "{text}"
+    );
+}
+
+#[test]
+fn abort_ends_every_rank_at_once() {
+    let (out, took) = mpirun(3, &["abort-rank", "0"]);
+    let text = all_output(&out);
+    assert_eq!(out.status.code(), Some(3), "{text}");
+    assert!(took < Duration::from_secs(60), "took {took:?}\n{text}");
+    assert!(text.contains("rank 0 aborts the job"), "{text}");
+}
+
+/// Two "machines": network namespaces h1 and h2 with their own host names, joined by a veth
+/// pair, 2 ranks each over TCP. Needs root (`ip netns`); anywhere else it says SKIPPED.
+#[test]
+fn two_hosts_in_network_namespaces() {
+    let usable = Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+        && Command::new("id")
+            .arg("-u")
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+    if !usable {
+        println!("SKIPPED two_hosts_in_network_namespaces: needs root and `ip netns`");
+        return;
+    }
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/mpi-two-hosts.sh");
+    let _one = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
+    let out = Command::new("bash")
+        .arg(script)
+        .arg(CHECK)
+        .output()
+        .expect("run scripts/mpi-two-hosts.sh");
+    let text = all_output(&out);
+    println!("{text}");
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("ALL PASS (4 ranks"), "{text}");
+    assert!(
+        text.contains("PASS 2 hosts, each with an equal intra-node group"),
+        "{text}"
+    );
+    for rank in 0..4 {
+        let want = if rank < 2 { "[0, 1]" } else { "[2, 3]" };
+        assert!(text.contains(&format!("INTRA rank {rank} host")), "{text}");
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("INTRA rank {rank} ")))
+            .unwrap_or_default();
+        assert!(line.ends_with(want), "rank {rank}: {line}");
+    }
+}

@@ -1,0 +1,171 @@
+//! Turning an algorithm choice into pipeline parts: a comm hook (with its bucket reducer) and a
+//! model averager. Custom combinations can skip this and hand parts to the pipeline directly.
+
+use crate::config::{AlgorithmKind, Compression, TrainConfig};
+use crate::pipeline::PipelineError;
+use localsgd_averagers::{HierarchicalModelAverager, ModelAverager, PeriodicModelAverager};
+use localsgd_comm::Group;
+use localsgd_hooks::{
+    AllReduceHook, BucketCaps, CommHook, CompressHook, GradientReducer, PostLocalSgdHook, Precision,
+};
+
+/// The algorithm part of a configuration, independent of the binary's other settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AlgorithmSpec {
+    /// Which algorithm.
+    pub kind: AlgorithmKind,
+    /// Hook `start_local_sgd_iter` and averager `warmup_steps` (one knob).
+    pub warmup: i64,
+    /// Averaging period (`None`: not provided; an error for post-local SGD and local SGD).
+    pub period: Option<u64>,
+    /// Hierarchical levels (period, group size).
+    pub levels: Vec<(u64, usize)>,
+    /// Post-warmup gradient all-reduce subgroup size; `None`: the intra-node group.
+    pub subgroup_size: Option<usize>,
+    /// PyTorch's `post_local_gradient_allreduce`.
+    pub post_local_allreduce: bool,
+    /// Bucket caps.
+    pub caps: BucketCaps,
+    /// Compression around the hook.
+    pub compression: Compression,
+}
+
+impl AlgorithmSpec {
+    /// The algorithm settings of a run configuration (levels must already be valid).
+    pub fn from_config(cfg: &TrainConfig) -> Result<Self, PipelineError> {
+        let mib = |x: f64| (x * 1024.0 * 1024.0) as usize;
+        Ok(Self {
+            kind: cfg.algorithm,
+            warmup: cfg.warmup,
+            period: Some(cfg.period),
+            levels: cfg
+                .parsed_levels()
+                .map_err(|e| PipelineError::Config(e.to_string()))?,
+            subgroup_size: cfg.subgroup_size,
+            post_local_allreduce: cfg.post_local_allreduce,
+            caps: BucketCaps {
+                first_bytes: mib(cfg.first_bucket_mb).max(1),
+                rest_bytes: mib(cfg.bucket_cap_mb).max(1),
+            },
+            compression: cfg.compression,
+        })
+    }
+
+    /// A one-line description, stored in checkpoints to refuse resuming with other settings.
+    pub fn identity(&self) -> String {
+        format!(
+            "algorithm={:?} warmup={} period={:?} levels={:?} subgroup_size={:?} post_local_allreduce={} compression={:?}",
+            self.kind,
+            self.warmup,
+            self.period,
+            self.levels,
+            self.subgroup_size,
+            self.post_local_allreduce,
+            self.compression
+        )
+    }
+}
+
+/// The parts an algorithm adds to the pipeline.
+pub struct AlgorithmParts {
+    /// Gradient hook and reducer (none for local SGD).
+    pub sync: Option<(Box<dyn CommHook>, GradientReducer)>,
+    /// Model averager (none for DDP).
+    pub averager: Option<Box<dyn ModelAverager>>,
+}
+
+fn wrap(hook: Box<dyn CommHook>, compression: Compression) -> Box<dyn CommHook> {
+    match compression {
+        Compression::None => hook,
+        Compression::Fp16 => Box::new(CompressHook::new(Precision::Fp16, hook)),
+        Compression::Bf16 => Box::new(CompressHook::new(Precision::Bf16, hook)),
+    }
+}
+
+/// Build the hook and averager for `spec` on `world`. Collective: every rank calls it with the
+/// same spec (subgroups are created here).
+pub fn build(spec: &AlgorithmSpec, world: &Group) -> Result<AlgorithmParts, PipelineError> {
+    let warmup_iters = u64::try_from(spec.warmup).map_err(|_| {
+        PipelineError::Config(format!("warmup must be non-negative (got {})", spec.warmup))
+    })?;
+    let reducer = || GradientReducer::new(spec.caps);
+    let post_local_hook = || -> Result<Box<dyn CommHook>, PipelineError> {
+        let subgroup = match spec.subgroup_size {
+            Some(size) => {
+                Some(
+                    world
+                        .new_subgroups(size)
+                        .map_err(|source| PipelineError::Comm {
+                            phase: "setup",
+                            source,
+                        })?,
+                )
+            }
+            None => None,
+        };
+        Ok(wrap(
+            Box::new(PostLocalSgdHook::new(
+                world.clone(),
+                subgroup,
+                warmup_iters,
+                spec.post_local_allreduce,
+            )),
+            spec.compression,
+        ))
+    };
+    let period = |what: &str| {
+        spec.period.ok_or_else(|| {
+            PipelineError::Config(format!(
+                "{what} algorithm is used, but model averaging period is not provided (set `period`)"
+            ))
+        })
+    };
+    let periodic = |period: u64| -> Result<Box<dyn ModelAverager>, PipelineError> {
+        Ok(Box::new(PeriodicModelAverager::new(
+            period,
+            spec.warmup,
+            world.clone(),
+        )?))
+    };
+    Ok(match spec.kind {
+        AlgorithmKind::Ddp => AlgorithmParts {
+            sync: Some((
+                wrap(
+                    Box::new(AllReduceHook::new(world.clone())),
+                    spec.compression,
+                ),
+                reducer(),
+            )),
+            averager: None,
+        },
+        AlgorithmKind::LocalSgd => AlgorithmParts {
+            sync: None,
+            averager: Some(periodic(period("Local SGD")?)?),
+        },
+        AlgorithmKind::PostLocalSgd => {
+            let p = period("Post-localSGD")?;
+            AlgorithmParts {
+                sync: Some((post_local_hook()?, reducer())),
+                averager: Some(periodic(p)?),
+            }
+        }
+        AlgorithmKind::Hierarchical => AlgorithmParts {
+            sync: Some((post_local_hook()?, reducer())),
+            averager: Some(Box::new(HierarchicalModelAverager::new(
+                &spec.levels,
+                spec.warmup,
+                world.clone(),
+            )?)),
+        },
+    })
+}
+
+/// Default levels for `compare` when none are configured: pairs... halves every `period` steps,
+/// the whole world every `2 * period`.
+pub fn default_levels(workers: usize, period: u64) -> Vec<(u64, usize)> {
+    if workers >= 2 && workers.is_multiple_of(2) {
+        vec![(period, workers / 2), (2 * period, workers)]
+    } else {
+        vec![(period, workers)]
+    }
+}

@@ -1,0 +1,433 @@
+//! Checkpoints: everything needed to continue a run exactly, written atomically.
+//!
+//! Layout in the run directory:
+//! ```text
+//! checkpoints/step-000120/rank-0.ckpt   one file per rank (ranks diverge under local SGD)
+//! checkpoints/step-000120/manifest.json world size, algorithm, iteration
+//! checkpoints/latest                    name of the newest complete checkpoint
+//! ```
+//! A checkpoint is written into `step-N.tmp/`, synced, renamed to `step-N/`, and only then does
+//! `latest` (itself replaced by rename) point at it. A crash at any moment leaves the previous
+//! checkpoint intact and `latest` pointing at a complete one.
+//!
+//! Each rank file holds: parameters in traversal order with their `ParamId`s (restored on
+//! resume, so the optimizer's per-parameter state re-attaches), the optimizer record, the
+//! averager state (its step), the hook state (post-local SGD `iter`), iterations done, skipped
+//! steps and the data position (epoch, next batch). Shuffling is a pure function of (seed,
+//! epoch), so that position is the whole RNG state.
+
+use crate::pipeline::DataPosition;
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::optim::ModuleOptimizer;
+use burn::tensor::{Bytes, Tensor};
+use localsgd_averagers::AveragerState;
+use localsgd_comm::params::{
+    FlatBuffer, FlatLayout, FlatParams, ParamSelection, flatten_params, write_params,
+};
+use localsgd_hooks::HookState;
+use serde::{Deserialize, Serialize};
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+const MAGIC: &[u8; 8] = b"LSGDCKPT";
+const FORMAT: u32 = 1;
+
+/// Checkpoint failures, naming the file involved.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// File system error.
+    #[error("checkpoint I/O on {path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The file is not a checkpoint of this format, or is damaged.
+    #[error("checkpoint {path} is damaged or not a localsgd checkpoint: {reason}")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The checkpoint was written by a run with other settings.
+    #[error("cannot resume: {0}")]
+    Incompatible(String),
+    /// No checkpoint to resume from.
+    #[error(
+        "no checkpoint to resume from in {0} (run without `resume` first, or point `run-dir` at a run that saved one)"
+    )]
+    Missing(PathBuf),
+    /// Burn failed to (de)serialize the optimizer or parameters.
+    #[error("checkpoint data: {0}")]
+    Data(String),
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
+    move |source| CheckpointError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Run-level facts every rank file and the manifest carry; resuming checks them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunIdentity {
+    /// Number of ranks.
+    pub world_size: usize,
+    /// The algorithm settings (algorithm, warmup, period, levels, ...), as text.
+    pub algorithm: String,
+}
+
+/// Per-rank metadata stored ahead of the binary payload.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RankMeta {
+    /// Format version.
+    pub format: u32,
+    /// This rank.
+    pub rank: usize,
+    /// World size and algorithm.
+    pub identity: RunIdentity,
+    /// Iterations completed.
+    pub iterations_done: u64,
+    /// Optimizer steps skipped for non-finite gradients.
+    pub skipped_steps: u64,
+    /// Data position after the last completed iteration.
+    pub data: Option<DataPosition>,
+    /// Averager state.
+    pub averager: Option<AveragerState>,
+    /// Hook state.
+    pub hook: Option<HookState>,
+    /// `ParamId` of every float parameter, in traversal order.
+    pub param_ids: Vec<u64>,
+    /// Shape of every float parameter, in traversal order.
+    pub param_shapes: Vec<Vec<usize>>,
+    /// `"f32"` or `"f64"`.
+    pub param_dtype: String,
+}
+
+/// One rank's checkpoint, in memory.
+pub struct RankCheckpoint {
+    /// Metadata.
+    pub meta: RankMeta,
+    /// Parameter values in traversal order.
+    pub params: FlatBuffer,
+    /// The optimizer record, serialized by burn.
+    pub optimizer: Vec<u8>,
+}
+
+struct IdsVisitor(Vec<u64>);
+impl ModuleVisitor for IdsVisitor {
+    fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
+        self.0.push(p.id.val());
+    }
+}
+
+struct SetIds<'a> {
+    ids: &'a [u64],
+    next: usize,
+}
+impl ModuleMapper for SetIds<'_> {
+    fn map_float<const D: usize>(&mut self, p: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        let id = self.ids.get(self.next).copied();
+        self.next += 1;
+        match id {
+            Some(id) => {
+                let (_, tensor, mapper) = p.consume();
+                Param::from_mapped_value(ParamId::from(id), tensor, mapper)
+            }
+            None => p,
+        }
+    }
+}
+
+impl RankCheckpoint {
+    /// Capture a rank's state.
+    #[allow(clippy::too_many_arguments)]
+    pub fn capture<M: Module>(
+        rank: usize,
+        identity: RunIdentity,
+        iterations_done: u64,
+        skipped_steps: u64,
+        data: Option<DataPosition>,
+        averager: Option<AveragerState>,
+        hook: Option<HookState>,
+        model: &M,
+        optimizer: &ModuleOptimizer,
+    ) -> Result<Self, CheckpointError> {
+        let flat = flatten_params(model, &ParamSelection::All)
+            .map_err(|e| CheckpointError::Data(e.to_string()))?;
+        let mut ids = IdsVisitor(Vec::new());
+        model.visit(&mut ids);
+        let optimizer = optimizer
+            .into_bytes()
+            .map_err(|e| CheckpointError::Data(format!("optimizer record: {e:?}")))?
+            .to_vec();
+        let param_dtype = match flat.buffer {
+            FlatBuffer::F32(_) => "f32",
+            FlatBuffer::F64(_) => "f64",
+        };
+        Ok(Self {
+            meta: RankMeta {
+                format: FORMAT,
+                rank,
+                identity,
+                iterations_done,
+                skipped_steps,
+                data,
+                averager,
+                hook,
+                param_ids: ids.0,
+                param_shapes: flat
+                    .layout
+                    .entries
+                    .iter()
+                    .map(|e| e.shape.clone())
+                    .collect(),
+                param_dtype: param_dtype.to_string(),
+            },
+            params: flat.buffer,
+            optimizer,
+        })
+    }
+
+    /// Put the saved parameters (with their saved `ParamId`s) into `model` and rebuild the
+    /// optimizer from its record. Fails if the model's shapes differ from the checkpoint's.
+    pub fn restore<M: Module>(
+        &self,
+        model: M,
+        optimizer: ModuleOptimizer,
+    ) -> Result<(M, ModuleOptimizer), CheckpointError> {
+        let model = model.map(&mut SetIds {
+            ids: &self.meta.param_ids,
+            next: 0,
+        });
+        let layout = FlatLayout::of(&model, &ParamSelection::All);
+        let shapes: Vec<Vec<usize>> = layout.entries.iter().map(|e| e.shape.clone()).collect();
+        if shapes != self.meta.param_shapes {
+            return Err(CheckpointError::Incompatible(format!(
+                "the model's parameter shapes {shapes:?} differ from the checkpoint's {:?}",
+                self.meta.param_shapes
+            )));
+        }
+        let flat = FlatParams {
+            layout,
+            buffer: self.params.clone(),
+        };
+        let model = write_params(model, &flat).map_err(|e| CheckpointError::Data(e.to_string()))?;
+        let optimizer = optimizer
+            .from_bytes(Bytes::from_bytes_vec(self.optimizer.clone()))
+            .map_err(|e| CheckpointError::Data(format!("optimizer record: {e:?}")))?;
+        Ok((model, optimizer))
+    }
+
+    fn encode(&self) -> Result<Vec<u8>, CheckpointError> {
+        let meta =
+            serde_json::to_vec(&self.meta).map_err(|e| CheckpointError::Data(e.to_string()))?;
+        let params: Vec<u8> = match &self.params {
+            FlatBuffer::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            FlatBuffer::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        };
+        let mut out = Vec::with_capacity(32 + meta.len() + params.len() + self.optimizer.len());
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&FORMAT.to_le_bytes());
+        for part in [&meta, &params, &self.optimizer] {
+            out.extend_from_slice(&(part.len() as u64).to_le_bytes());
+            out.extend_from_slice(part);
+        }
+        Ok(out)
+    }
+
+    fn decode(path: &Path, bytes: &[u8]) -> Result<Self, CheckpointError> {
+        let corrupt = |reason: &str| CheckpointError::Corrupt {
+            path: path.to_path_buf(),
+            reason: reason.to_string(),
+        };
+        if bytes.len() < 12 || &bytes[..8] != MAGIC {
+            return Err(corrupt("missing header"));
+        }
+        let format = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
+        if format != FORMAT {
+            return Err(corrupt(&format!("format {format}, expected {FORMAT}")));
+        }
+        let mut rest = &bytes[12..];
+        let mut parts = Vec::with_capacity(3);
+        for name in ["metadata", "parameters", "optimizer"] {
+            if rest.len() < 8 {
+                return Err(corrupt(&format!("truncated before {name}")));
+            }
+            let mut len = [0u8; 8];
+            len.copy_from_slice(&rest[..8]);
+            let len = u64::from_le_bytes(len) as usize;
+            rest = &rest[8..];
+            if rest.len() < len {
+                return Err(corrupt(&format!("truncated {name}")));
+            }
+            parts.push(&rest[..len]);
+            rest = &rest[len..];
+        }
+        let meta: RankMeta =
+            serde_json::from_slice(parts[0]).map_err(|e| corrupt(&e.to_string()))?;
+        let params = match meta.param_dtype.as_str() {
+            "f32" => FlatBuffer::F32(
+                parts[1]
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+            ),
+            "f64" => FlatBuffer::F64(
+                parts[1]
+                    .chunks_exact(8)
+                    .map(|c| {
+                        let mut b = [0u8; 8];
+                        b.copy_from_slice(c);
+                        f64::from_le_bytes(b)
+                    })
+                    .collect(),
+            ),
+            other => return Err(corrupt(&format!("unknown parameter dtype {other}"))),
+        };
+        Ok(Self {
+            meta,
+            params,
+            optimizer: parts[2].to_vec(),
+        })
+    }
+}
+
+/// The `checkpoints/` directory of a run.
+#[derive(Debug, Clone)]
+pub struct CheckpointDir {
+    root: PathBuf,
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
+    let mut f = fs::File::create(path).map_err(io(path))?;
+    f.write_all(bytes).map_err(io(path))?;
+    f.sync_all().map_err(io(path))
+}
+
+fn sync_dir(path: &Path) -> Result<(), CheckpointError> {
+    fs::File::open(path)
+        .and_then(|d| d.sync_all())
+        .map_err(io(path))
+}
+
+impl CheckpointDir {
+    /// `run_dir/checkpoints`.
+    pub fn new(run_dir: &Path) -> Self {
+        Self {
+            root: run_dir.join("checkpoints"),
+        }
+    }
+
+    fn step_name(iterations_done: u64) -> String {
+        format!("step-{iterations_done:08}")
+    }
+
+    /// Staging directory for a checkpoint in progress (ranks write their files here).
+    pub fn staging(&self, iterations_done: u64) -> PathBuf {
+        self.root
+            .join(format!("{}.tmp", Self::step_name(iterations_done)))
+    }
+
+    /// Prepare the staging directory (call on one rank before the others write).
+    pub fn begin(&self, iterations_done: u64) -> Result<PathBuf, CheckpointError> {
+        let staging = self.staging(iterations_done);
+        if staging.exists() {
+            fs::remove_dir_all(&staging).map_err(io(&staging))?;
+        }
+        fs::create_dir_all(&staging).map_err(io(&staging))?;
+        Ok(staging)
+    }
+
+    /// Write one rank's file into the staging directory.
+    pub fn write_rank(
+        &self,
+        iterations_done: u64,
+        ckpt: &RankCheckpoint,
+    ) -> Result<(), CheckpointError> {
+        let path = self
+            .staging(iterations_done)
+            .join(format!("rank-{}.ckpt", ckpt.meta.rank));
+        write_synced(&path, &ckpt.encode()?)
+    }
+
+    /// Seal the checkpoint (call on one rank after every rank wrote): manifest, rename, `latest`.
+    pub fn commit(
+        &self,
+        iterations_done: u64,
+        identity: &RunIdentity,
+    ) -> Result<PathBuf, CheckpointError> {
+        let staging = self.staging(iterations_done);
+        let manifest = serde_json::json!({
+            "format": FORMAT,
+            "iterations_done": iterations_done,
+            "identity": identity,
+        });
+        write_synced(
+            &staging.join("manifest.json"),
+            manifest.to_string().as_bytes(),
+        )?;
+        sync_dir(&staging)?;
+        let name = Self::step_name(iterations_done);
+        let final_dir = self.root.join(&name);
+        if final_dir.exists() {
+            fs::remove_dir_all(&final_dir).map_err(io(&final_dir))?;
+        }
+        fs::rename(&staging, &final_dir).map_err(io(&final_dir))?;
+        let latest_tmp = self.root.join("latest.tmp");
+        write_synced(&latest_tmp, name.as_bytes())?;
+        let latest = self.root.join("latest");
+        fs::rename(&latest_tmp, &latest).map_err(io(&latest))?;
+        sync_dir(&self.root)?;
+        Ok(final_dir)
+    }
+
+    /// The newest complete checkpoint directory.
+    pub fn latest(&self) -> Result<PathBuf, CheckpointError> {
+        let latest = self.root.join("latest");
+        let name = match fs::read_to_string(&latest) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(CheckpointError::Missing(self.root.clone()));
+            }
+            Err(e) => return Err(io(&latest)(e)),
+        };
+        Ok(self.root.join(name.trim()))
+    }
+
+    /// Load `rank`'s file from the latest checkpoint and check it belongs to a run with the same
+    /// identity (world size and algorithm).
+    pub fn load_rank(
+        &self,
+        rank: usize,
+        identity: &RunIdentity,
+    ) -> Result<RankCheckpoint, CheckpointError> {
+        let dir = self.latest()?;
+        let path = dir.join(format!("rank-{rank}.ckpt"));
+        let bytes = fs::read(&path).map_err(io(&path))?;
+        let ckpt = RankCheckpoint::decode(&path, &bytes)?;
+        let saved = &ckpt.meta.identity;
+        if saved.world_size != identity.world_size {
+            return Err(CheckpointError::Incompatible(format!(
+                "the checkpoint in {} was written by {} workers, this run has {} (use `workers = {}`)",
+                dir.display(),
+                saved.world_size,
+                identity.world_size,
+                saved.world_size
+            )));
+        }
+        if saved.algorithm != identity.algorithm {
+            return Err(CheckpointError::Incompatible(format!(
+                "the checkpoint in {} was written with algorithm settings [{}], this run has [{}]",
+                dir.display(),
+                saved.algorithm,
+                identity.algorithm
+            )));
+        }
+        Ok(ckpt)
+    }
+}

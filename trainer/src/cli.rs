@@ -1,0 +1,181 @@
+//! Command-line flags: one flag per configuration setting, with the same kebab-case name as the
+//! TOML key. A flag overrides the file, which overrides the defaults.
+
+use crate::config::{
+    AlgorithmKind, Backend, Compression, DatasetKind, MetricsFormat, OptimizerKind, TrainConfig,
+};
+use std::path::PathBuf;
+
+/// Settings given on the command line (each overrides the same key of the config file).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ConfigFlags {
+    /// TOML file with settings (keys are the flag names without `--`).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Number of workers (ranks).
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Process-group backend.
+    #[arg(long, value_enum)]
+    pub backend: Option<Backend>,
+    /// Training algorithm.
+    #[arg(long, value_enum)]
+    pub algorithm: Option<AlgorithmKind>,
+    /// Warmup iterations (gradient all-reduce before local steps; also the averager's warmup).
+    #[arg(long, allow_negative_numbers = true)]
+    pub warmup: Option<i64>,
+    /// Model averaging period.
+    #[arg(long)]
+    pub period: Option<u64>,
+    /// Hierarchical levels, e.g. "2:2,4:4" (period:group-size).
+    #[arg(long)]
+    pub levels: Option<String>,
+    /// Post-warmup gradient all-reduce subgroup size (default: ranks on the same host).
+    #[arg(long)]
+    pub subgroup_size: Option<usize>,
+    /// Keep all-reducing gradients in the subgroup after warmup (true/false).
+    #[arg(long)]
+    pub post_local_allreduce: Option<bool>,
+    /// Gradient bucket cap in MiB.
+    #[arg(long)]
+    pub bucket_cap_mb: Option<f64>,
+    /// First gradient bucket cap in MiB.
+    #[arg(long)]
+    pub first_bucket_mb: Option<f64>,
+    /// Gradient compression.
+    #[arg(long, value_enum)]
+    pub compression: Option<Compression>,
+    /// Hidden layer widths, comma-separated (e.g. 128,64).
+    #[arg(long, value_delimiter = ',')]
+    pub hidden: Option<Vec<usize>>,
+    /// Data set.
+    #[arg(long, value_enum)]
+    pub dataset: Option<DatasetKind>,
+    /// Directory with MNIST-format IDX files.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Number of synthetic samples.
+    #[arg(long)]
+    pub synthetic_samples: Option<usize>,
+    /// Synthetic feature dimension.
+    #[arg(long)]
+    pub synthetic_dim: Option<usize>,
+    /// Synthetic number of classes.
+    #[arg(long)]
+    pub synthetic_classes: Option<usize>,
+    /// Batch size per worker.
+    #[arg(long)]
+    pub batch_size: Option<usize>,
+    /// Shuffle every epoch (true/false).
+    #[arg(long)]
+    pub shuffle: Option<bool>,
+    /// Seed.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Optimizer.
+    #[arg(long, value_enum)]
+    pub optimizer: Option<OptimizerKind>,
+    /// Learning rate.
+    #[arg(long, allow_negative_numbers = true)]
+    pub lr: Option<f64>,
+    /// SGD momentum.
+    #[arg(long, allow_negative_numbers = true)]
+    pub momentum: Option<f64>,
+    /// Epochs.
+    #[arg(long)]
+    pub epochs: Option<u64>,
+    /// Iterations (overrides epochs).
+    #[arg(long)]
+    pub steps: Option<u64>,
+    /// Checkpoint every N iterations (0: only at the end).
+    #[arg(long)]
+    pub checkpoint_every: Option<u64>,
+    /// All-reduce and log the loss every N iterations.
+    #[arg(long)]
+    pub log_every: Option<u64>,
+    /// Run directory.
+    #[arg(long)]
+    pub run_dir: Option<PathBuf>,
+    /// Resume from the latest checkpoint in the run directory (true/false; `--resume` alone means true).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub resume: Option<bool>,
+    /// PyTorch safetensors file to initialize the MLP from.
+    #[arg(long)]
+    pub init_weights: Option<PathBuf>,
+    /// Collective timeout in seconds.
+    #[arg(long)]
+    pub timeout_secs: Option<u64>,
+    /// Skip optimizer steps with non-finite gradients (true/false).
+    #[arg(long)]
+    pub skip_non_finite: Option<bool>,
+    /// Metrics file format.
+    #[arg(long, value_enum)]
+    pub metrics_format: Option<MetricsFormat>,
+    /// Progress bar on rank 0 (true/false).
+    #[arg(long)]
+    pub progress: Option<bool>,
+}
+
+macro_rules! overlay {
+    ($cfg:ident, $flags:ident, $($field:ident),* $(,)?) => {
+        $( if let Some(v) = $flags.$field.clone() { $cfg.$field = v; } )*
+    };
+}
+
+impl ConfigFlags {
+    /// Defaults, then the config file, then the flags.
+    pub fn resolve(&self) -> Result<TrainConfig, String> {
+        let mut cfg = match &self.config {
+            Some(path) => TrainConfig::from_toml_file(path)?,
+            None => TrainConfig::default(),
+        };
+        let flags = self;
+        overlay!(
+            cfg,
+            flags,
+            workers,
+            backend,
+            algorithm,
+            warmup,
+            period,
+            levels,
+            post_local_allreduce,
+            bucket_cap_mb,
+            first_bucket_mb,
+            compression,
+            hidden,
+            dataset,
+            synthetic_samples,
+            synthetic_dim,
+            synthetic_classes,
+            batch_size,
+            shuffle,
+            seed,
+            optimizer,
+            lr,
+            momentum,
+            epochs,
+            checkpoint_every,
+            log_every,
+            run_dir,
+            resume,
+            timeout_secs,
+            skip_non_finite,
+            metrics_format,
+            progress,
+        );
+        if let Some(v) = flags.subgroup_size {
+            cfg.subgroup_size = Some(v);
+        }
+        if let Some(v) = &flags.data_dir {
+            cfg.data_dir = Some(v.clone());
+        }
+        if let Some(v) = flags.steps {
+            cfg.steps = Some(v);
+        }
+        if let Some(v) = &flags.init_weights {
+            cfg.init_weights = Some(v.clone());
+        }
+        Ok(cfg)
+    }
+}

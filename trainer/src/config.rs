@@ -1,0 +1,435 @@
+//! The run configuration: one struct, read from a TOML file (`--config run.toml`), overridden by
+//! command-line flags of the same names, validated before anything is written.
+
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// Which process-group backend runs the workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Backend {
+    /// W worker threads in this process (the default; needs nothing installed).
+    Threads,
+    /// One process per rank under `mpirun` (cargo feature `mpi`).
+    Mpi,
+}
+
+/// The training algorithm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum AlgorithmKind {
+    /// All-reduce every gradient every step (the all-reduce hook, no averager).
+    Ddp,
+    /// No gradient communication; periodic model averaging from step `warmup` on.
+    LocalSgd,
+    /// Gradient all-reduce for `warmup` steps (post-local SGD hook), then periodic averaging.
+    PostLocalSgd,
+    /// Post-local SGD hook with hierarchical averaging (`levels`).
+    Hierarchical,
+}
+
+/// Gradient compression applied around the hook.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Compression {
+    /// Full precision.
+    None,
+    /// IEEE half precision.
+    Fp16,
+    /// bfloat16.
+    Bf16,
+}
+
+/// Which data set to train on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum DatasetKind {
+    /// The bundled UCI digits (8x8 images, 10 classes), canonical split.
+    Digits,
+    /// Generated Gaussian blobs (`synthetic-*` settings).
+    Synthetic,
+    /// MNIST-format IDX files in `data-dir`.
+    Idx,
+}
+
+/// The optimizer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum OptimizerKind {
+    /// SGD with (optional) momentum.
+    Sgd,
+    /// Adam.
+    Adam,
+}
+
+/// Format of the per-step metrics file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum MetricsFormat {
+    /// `metrics.csv`.
+    Csv,
+    /// `metrics.jsonl`.
+    Jsonl,
+}
+
+/// Every setting of a training run. Keys in the TOML file and command-line flags share these
+/// names (kebab-case): `period = 4` in the file is `--period 4` on the command line.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct TrainConfig {
+    /// Number of workers (ranks). With `backend = "mpi"` it must equal the MPI world size.
+    pub workers: usize,
+    /// Process-group backend.
+    pub backend: Backend,
+    /// Training algorithm.
+    pub algorithm: AlgorithmKind,
+    /// Iterations of global gradient averaging before local steps start; also the averager's
+    /// warmup (one knob for both, as in Lightning).
+    pub warmup: i64,
+    /// Model averaging period (local-sgd, post-local-sgd). `0` is invalid.
+    pub period: u64,
+    /// Hierarchical levels as `period:group-size` pairs, e.g. `"2:2,4:4"`. Periods strictly
+    /// increase; the last group size must be the number of workers.
+    pub levels: String,
+    /// Post-warmup gradient all-reduce subgroup size (blocks of this many ranks). Unset: the
+    /// ranks on the same host.
+    pub subgroup_size: Option<usize>,
+    /// After warmup, keep all-reducing gradients within the subgroup (PyTorch's
+    /// `post_local_gradient_allreduce`).
+    pub post_local_allreduce: bool,
+    /// Gradient bucket cap in MiB (buckets after the first).
+    pub bucket_cap_mb: f64,
+    /// First gradient bucket cap in MiB.
+    pub first_bucket_mb: f64,
+    /// Gradient compression around the hook.
+    pub compression: Compression,
+    /// Hidden layer widths of the MLP.
+    pub hidden: Vec<usize>,
+    /// Data set.
+    pub dataset: DatasetKind,
+    /// Directory with MNIST-format IDX files (dataset = "idx").
+    pub data_dir: Option<PathBuf>,
+    /// Number of generated samples (dataset = "synthetic"); 80% train, 20% test.
+    pub synthetic_samples: usize,
+    /// Feature dimension of the synthetic data.
+    pub synthetic_dim: usize,
+    /// Number of classes of the synthetic data.
+    pub synthetic_classes: usize,
+    /// Batch size per worker.
+    pub batch_size: usize,
+    /// Shuffle the training data every epoch (same permutation on every rank).
+    pub shuffle: bool,
+    /// Seed for model initialization, shuffling and synthetic data.
+    pub seed: u64,
+    /// Optimizer.
+    pub optimizer: OptimizerKind,
+    /// Learning rate.
+    pub lr: f64,
+    /// SGD momentum (0 disables it). Ignored by Adam.
+    pub momentum: f64,
+    /// Number of epochs.
+    pub epochs: u64,
+    /// Stop after this many iterations instead (overrides `epochs` when set).
+    pub steps: Option<u64>,
+    /// Save a checkpoint every this many iterations (0: only at the end).
+    pub checkpoint_every: u64,
+    /// All-reduce and log the loss every this many iterations (0: never).
+    pub log_every: u64,
+    /// Where the config, metrics, loss curve and checkpoints go.
+    pub run_dir: PathBuf,
+    /// Continue from the latest checkpoint in `run-dir`.
+    pub resume: bool,
+    /// Initialize the MLP from a PyTorch safetensors file (`fc1.weight` [out, in], `fc1.bias`, ...).
+    pub init_weights: Option<PathBuf>,
+    /// Seconds a collective may wait for its peers before failing.
+    pub timeout_secs: u64,
+    /// Skip optimizer steps whose gradients are not finite (averaging still runs).
+    pub skip_non_finite: bool,
+    /// Format of the per-step metrics file.
+    pub metrics_format: MetricsFormat,
+    /// Show a progress bar on rank 0.
+    pub progress: bool,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            workers: 2,
+            backend: Backend::Threads,
+            algorithm: AlgorithmKind::PostLocalSgd,
+            warmup: 50,
+            period: 4,
+            levels: String::new(),
+            subgroup_size: None,
+            post_local_allreduce: false,
+            bucket_cap_mb: 25.0,
+            first_bucket_mb: 1.0,
+            compression: Compression::None,
+            hidden: vec![64],
+            dataset: DatasetKind::Digits,
+            data_dir: None,
+            synthetic_samples: 2000,
+            synthetic_dim: 16,
+            synthetic_classes: 4,
+            batch_size: 32,
+            shuffle: true,
+            seed: 0,
+            optimizer: OptimizerKind::Sgd,
+            lr: 0.1,
+            momentum: 0.9,
+            epochs: 30,
+            steps: None,
+            checkpoint_every: 0,
+            log_every: 10,
+            run_dir: PathBuf::from("runs/latest"),
+            resume: false,
+            init_weights: None,
+            timeout_secs: 300,
+            skip_non_finite: false,
+            metrics_format: MetricsFormat::Csv,
+            progress: true,
+        }
+    }
+}
+
+/// A setting with a value that cannot work. Names the setting and what would be valid.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid setting `{setting}` = {value}: {valid}")]
+pub struct ConfigError {
+    /// The setting's name (as in the TOML file and the flag).
+    pub setting: &'static str,
+    /// The value given.
+    pub value: String,
+    /// What would be valid.
+    pub valid: String,
+}
+
+fn bad(setting: &'static str, value: impl ToString, valid: impl ToString) -> ConfigError {
+    ConfigError {
+        setting,
+        value: value.to_string(),
+        valid: valid.to_string(),
+    }
+}
+
+/// Parse `"2:2,4:4"` into `[(2, 2), (4, 4)]`.
+pub fn parse_levels(levels: &str) -> Result<Vec<(u64, usize)>, ConfigError> {
+    let valid = "comma-separated `period:group-size` pairs of positive integers, e.g. \"2:2,4:4\"";
+    levels
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|pair| {
+            let (p, s) = pair
+                .split_once(':')
+                .ok_or_else(|| bad("levels", format!("{levels:?}"), valid))?;
+            let p = p
+                .trim()
+                .parse::<u64>()
+                .map_err(|_| bad("levels", format!("{levels:?}"), valid))?;
+            let s = s
+                .trim()
+                .parse::<usize>()
+                .map_err(|_| bad("levels", format!("{levels:?}"), valid))?;
+            Ok((p, s))
+        })
+        .collect()
+}
+
+impl TrainConfig {
+    /// Read a TOML file. Unknown keys and wrong types are errors that name the key.
+    pub fn from_toml_file(path: &Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read config file {}: {e}", path.display()))?;
+        Self::from_toml_str(&text).map_err(|e| format!("config file {}: {e}", path.display()))
+    }
+
+    /// Parse TOML text.
+    pub fn from_toml_str(text: &str) -> Result<Self, String> {
+        toml::from_str(text).map_err(|e| e.to_string())
+    }
+
+    /// The effective configuration as TOML (printed and saved in the run directory).
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).unwrap_or_else(|e| format!("# could not serialize config: {e}\n"))
+    }
+
+    /// The hierarchical levels, parsed.
+    pub fn parsed_levels(&self) -> Result<Vec<(u64, usize)>, ConfigError> {
+        parse_levels(&self.levels)
+    }
+
+    /// Check every setting that can be checked without touching the file system's run
+    /// directory. `mpi_world` is the MPI world size when running under MPI.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.workers == 0 {
+            return Err(bad("workers", 0, "at least 1 worker"));
+        }
+        if self.warmup < 0 {
+            return Err(bad(
+                "warmup",
+                self.warmup,
+                "warmup_steps must be non-negative",
+            ));
+        }
+        let averages = matches!(
+            self.algorithm,
+            AlgorithmKind::LocalSgd | AlgorithmKind::PostLocalSgd
+        );
+        if averages && self.period == 0 {
+            return Err(bad("period", 0, "period must be positive (1 or more)"));
+        }
+        if self.algorithm == AlgorithmKind::Hierarchical {
+            let levels = self.parsed_levels()?;
+            if levels.is_empty() {
+                return Err(bad(
+                    "levels",
+                    format!("{:?}", self.levels),
+                    "hierarchical averaging needs at least one `period:group-size` level",
+                ));
+            }
+            for &(p, s) in &levels {
+                if p == 0 {
+                    return Err(bad(
+                        "levels",
+                        format!("{:?}", self.levels),
+                        format!("every period must be positive; level {p}:{s} has period 0"),
+                    ));
+                }
+                if s == 0 || s > self.workers || !self.workers.is_multiple_of(s) {
+                    return Err(bad(
+                        "levels",
+                        format!("{:?}", self.levels),
+                        format!(
+                            "group size {s} does not fit {} workers: sizes must be positive divisors of the worker count",
+                            self.workers
+                        ),
+                    ));
+                }
+            }
+            if levels.windows(2).any(|w| w[1].0 <= w[0].0) {
+                return Err(bad(
+                    "levels",
+                    format!("{:?}", self.levels),
+                    "periods must strictly increase from level to level",
+                ));
+            }
+            if let Some(&(_, s)) = levels.last()
+                && s != self.workers
+            {
+                return Err(bad(
+                    "levels",
+                    format!("{:?}", self.levels),
+                    format!(
+                        "the last level must average over the whole group of {} ranks",
+                        self.workers
+                    ),
+                ));
+            }
+        }
+        if let Some(s) = self.subgroup_size
+            && (s == 0 || s > self.workers || !self.workers.is_multiple_of(s))
+        {
+            return Err(bad(
+                "subgroup-size",
+                s,
+                format!("a positive divisor of the worker count {}", self.workers),
+            ));
+        }
+        if !(self.bucket_cap_mb > 0.0 && self.bucket_cap_mb.is_finite()) {
+            return Err(bad(
+                "bucket-cap-mb",
+                self.bucket_cap_mb,
+                "a positive number of MiB",
+            ));
+        }
+        if !(self.first_bucket_mb > 0.0 && self.first_bucket_mb.is_finite()) {
+            return Err(bad(
+                "first-bucket-mb",
+                self.first_bucket_mb,
+                "a positive number of MiB",
+            ));
+        }
+        if self.hidden.contains(&0) {
+            return Err(bad(
+                "hidden",
+                format!("{:?}", self.hidden),
+                "positive layer widths, e.g. [64]",
+            ));
+        }
+        if self.batch_size == 0 {
+            return Err(bad("batch-size", 0, "at least 1"));
+        }
+        if !(self.lr > 0.0 && self.lr.is_finite()) {
+            return Err(bad("lr", self.lr, "a positive finite learning rate"));
+        }
+        if !(0.0..1.0).contains(&self.momentum) {
+            return Err(bad("momentum", self.momentum, "a value in [0, 1)"));
+        }
+        if self.epochs == 0 && self.steps.is_none() {
+            return Err(bad("epochs", 0, "at least 1 (or set `steps`)"));
+        }
+        if self.steps == Some(0) {
+            return Err(bad("steps", 0, "at least 1"));
+        }
+        if self.timeout_secs == 0 {
+            return Err(bad("timeout-secs", 0, "at least 1 second"));
+        }
+        match self.dataset {
+            DatasetKind::Idx => match &self.data_dir {
+                None => {
+                    return Err(bad(
+                        "data-dir",
+                        "(unset)",
+                        "dataset \"idx\" needs `data-dir`, a directory with MNIST-format IDX files",
+                    ));
+                }
+                Some(d) if !d.is_dir() => {
+                    return Err(bad(
+                        "data-dir",
+                        d.display(),
+                        "an existing directory with MNIST-format IDX files",
+                    ));
+                }
+                Some(_) => {}
+            },
+            DatasetKind::Synthetic => {
+                if self.synthetic_classes < 2 {
+                    return Err(bad(
+                        "synthetic-classes",
+                        self.synthetic_classes,
+                        "at least 2",
+                    ));
+                }
+                if self.synthetic_dim == 0 {
+                    return Err(bad("synthetic-dim", 0, "at least 1"));
+                }
+                if self.synthetic_samples < 10 {
+                    return Err(bad(
+                        "synthetic-samples",
+                        self.synthetic_samples,
+                        "at least 10",
+                    ));
+                }
+            }
+            DatasetKind::Digits => {}
+        }
+        if let Some(p) = &self.init_weights
+            && !p.is_file()
+        {
+            return Err(bad(
+                "init-weights",
+                p.display(),
+                "an existing safetensors file",
+            ));
+        }
+        if self.compression != Compression::None && self.algorithm == AlgorithmKind::LocalSgd {
+            return Err(bad(
+                "compression",
+                format!("{:?}", self.compression).to_lowercase(),
+                "\"none\": local-sgd communicates no gradients to compress",
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,96 @@
+//! Per-iteration metrics written by rank 0: loss, learning rate, phase times, communication.
+
+use crate::config::MetricsFormat;
+use crate::pipeline::{ITERATION_ORDER, IterationReport};
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+/// Writes one row per iteration to `metrics.csv` or `metrics.jsonl`.
+pub struct MetricsWriter {
+    out: BufWriter<File>,
+    format: MetricsFormat,
+    path: PathBuf,
+}
+
+impl MetricsWriter {
+    /// Create (or, when `append`, continue) the metrics file in `run_dir`.
+    pub fn create(run_dir: &Path, format: MetricsFormat, append: bool) -> std::io::Result<Self> {
+        let path = run_dir.join(match format {
+            MetricsFormat::Csv => "metrics.csv",
+            MetricsFormat::Jsonl => "metrics.jsonl",
+        });
+        let existed = append && path.exists();
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(append)
+            .write(true)
+            .truncate(!append)
+            .open(&path)?;
+        let mut out = BufWriter::new(file);
+        if format == MetricsFormat::Csv && !existed {
+            let phases: Vec<String> = ITERATION_ORDER
+                .iter()
+                .map(|p| format!("{}_ms", p.name()))
+                .collect();
+            writeln!(
+                out,
+                "iteration,epoch,loss,global_loss,lr,skipped_step,collectives,bytes,{}",
+                phases.join(",")
+            )?;
+        }
+        Ok(Self { out, format, path })
+    }
+
+    /// The file being written.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Append one iteration.
+    pub fn record(&mut self, epoch: u64, lr: f64, r: &IterationReport) -> std::io::Result<()> {
+        let ms: Vec<f64> = r.times.iter().map(|(_, d)| d.as_secs_f64() * 1e3).collect();
+        match self.format {
+            MetricsFormat::Csv => {
+                let global = r.global_loss.map(|g| g.to_string()).unwrap_or_default();
+                let ms: Vec<String> = ms.iter().map(|m| format!("{m:.4}")).collect();
+                writeln!(
+                    self.out,
+                    "{},{},{},{},{},{},{},{},{}",
+                    r.iteration,
+                    epoch,
+                    r.loss,
+                    global,
+                    lr,
+                    r.skipped_step,
+                    r.traffic.collectives,
+                    r.traffic.bytes,
+                    ms.join(",")
+                )
+            }
+            MetricsFormat::Jsonl => {
+                let mut phases = serde_json::Map::new();
+                for ((p, _), m) in r.times.iter().zip(&ms) {
+                    phases.insert(format!("{}_ms", p.name()), serde_json::json!(m));
+                }
+                let row = serde_json::json!({
+                    "iteration": r.iteration,
+                    "epoch": epoch,
+                    "loss": r.loss,
+                    "global_loss": r.global_loss,
+                    "lr": lr,
+                    "skipped_step": r.skipped_step,
+                    "collectives": r.traffic.collectives,
+                    "bytes": r.traffic.bytes,
+                    "phases": phases,
+                });
+                writeln!(self.out, "{row}")
+            }
+        }
+    }
+
+    /// Flush to disk.
+    pub fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
+}

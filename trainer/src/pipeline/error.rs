@@ -1,0 +1,39 @@
+//! Errors of the training pipeline.
+
+use localsgd_averagers::AveragerError;
+use localsgd_comm::CommError;
+use localsgd_hooks::HookError;
+
+/// Everything that can stop a training iteration.
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    /// A collective failed (peer died, timeout, mismatch).
+    #[error("communication failed in phase {phase}: {source}")]
+    Comm {
+        /// The phase that was communicating.
+        phase: &'static str,
+        /// The comm layer's error.
+        source: CommError,
+    },
+    /// The gradient hook failed.
+    #[error("gradient sync failed: {0}")]
+    Hook(#[from] HookError),
+    /// Model averaging failed.
+    #[error("model averaging failed: {0}")]
+    Averager(#[from] AveragerError),
+    /// An invalid combination of pipeline parts.
+    #[error("invalid pipeline configuration: {0}")]
+    Config(String),
+    /// Saving a checkpoint failed.
+    #[error("checkpoint failed: {0}")]
+    Checkpoint(String),
+}
+
+impl PipelineError {
+    pub(crate) fn comm(phase: super::Phase) -> impl FnOnce(CommError) -> PipelineError {
+        move |source| PipelineError::Comm {
+            phase: phase.name(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,399 @@
+//! The phase-ordered step pipeline.
+//!
+//! One iteration is the fixed sequence [`ITERATION_ORDER`]: fetch a batch (local) → agree that
+//! every rank still has data (one small collective) → forward/backward (local) → gradient sync
+//! (the comm hook) → optimizer step (local) → model averaging → metrics → checkpoint. The sequence
+//! is run by [`Pipeline::run_iteration`] and nowhere else, so every rank issues the same
+//! collectives in the same order — averaging can never race with another collective the way an
+//! "average inside `optimizer.step()`" design can (spec section 5).
+
+mod error;
+mod phase;
+mod source;
+
+pub use error::PipelineError;
+pub use phase::{ITERATION_ORDER, Phase, PhaseTimes};
+pub use source::{BatchSource, DataPosition, IterSource};
+
+use burn::module::Module;
+use burn::optim::{GradientsParams, ModuleOptimizer};
+use burn::tensor::Tensor;
+use localsgd_averagers::{AverageParameters, AveragerState, ModelAverager};
+use localsgd_comm::params::{FlatBuffer, ParamSelection, flatten_grads};
+use localsgd_comm::{Group, GroupExt, ReduceOp, Traffic};
+use localsgd_hooks::{CommHook, GradientReducer, HookState};
+use std::time::Instant;
+
+/// Knobs of the pipeline itself (the algorithm lives in the hook and averager).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PipelineOptions {
+    /// Learning rate passed to the optimizer.
+    pub lr: f64,
+    /// Skip the optimizer step when a gradient is NaN or infinite (counted and reported). Model
+    /// averaging still runs, so counters stay aligned on all ranks.
+    pub skip_non_finite: bool,
+    /// All-reduce the loss across ranks every this many iterations (0: never).
+    pub metrics_every: u64,
+    /// Call the checkpointer every this many iterations (0: never).
+    pub checkpoint_every: u64,
+}
+
+impl Default for PipelineOptions {
+    fn default() -> Self {
+        Self {
+            lr: 0.1,
+            skip_non_finite: false,
+            metrics_every: 0,
+            checkpoint_every: 0,
+        }
+    }
+}
+
+/// What one completed iteration did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IterationReport {
+    /// 0-based index of the iteration.
+    pub iteration: u64,
+    /// This rank's loss on its batch.
+    pub loss: f32,
+    /// The mean loss over all ranks, on metrics iterations.
+    pub global_loss: Option<f64>,
+    /// Whether the optimizer step was skipped (non-finite gradients).
+    pub skipped_step: bool,
+    /// Wall time per phase in this iteration.
+    pub times: PhaseTimes,
+    /// Communication issued by this rank in this iteration (all groups).
+    pub traffic: Traffic,
+}
+
+/// Result of [`Pipeline::run_iteration`].
+#[derive(Debug)]
+pub enum Outcome<M> {
+    /// An iteration ran.
+    Trained(M, IterationReport),
+    /// Some rank ran out of data: every rank ends the epoch here, together.
+    EndOfData(M),
+}
+
+/// Everything a checkpoint needs from the pipeline at the end of an iteration.
+pub struct CheckpointContext<'a, M> {
+    /// Iterations completed so far.
+    pub iterations_done: u64,
+    /// Optimizer steps skipped so far.
+    pub skipped_steps: u64,
+    /// The model after this iteration.
+    pub model: &'a M,
+    /// The optimizer (its record holds momentum/Adam state).
+    pub optimizer: &'a ModuleOptimizer,
+    /// Averager state (its step counter), if an averager is configured.
+    pub averager: Option<AveragerState>,
+    /// Hook state (e.g. the post-local SGD `iter`), if a hook is configured.
+    pub hook: Option<HookState>,
+    /// Where the batch source stands.
+    pub data: Option<DataPosition>,
+    /// The world group (checkpointers may synchronize on it).
+    pub group: &'a Group,
+}
+
+/// Called by the checkpoint phase.
+pub type Checkpointer<M> =
+    Box<dyn FnMut(&CheckpointContext<'_, M>) -> Result<(), PipelineError> + Send>;
+
+/// Called after each phase with the phase and the number of collectives it issued (tests and
+/// tracing use it to observe the iteration order).
+pub type PhaseObserver = Box<dyn FnMut(Phase, u64) + Send>;
+
+/// Gradient synchronization: a comm hook plus the bucketing reducer that feeds it.
+#[derive(Debug)]
+pub struct GradientSync {
+    /// The hook run on every bucket.
+    pub hook: Box<dyn CommHook>,
+    /// Buckets the gradients in reverse traversal order.
+    pub reducer: GradientReducer,
+}
+
+/// The distributed part of a training loop. Users bring the model, loss, optimizer and data;
+/// the pipeline runs the phases.
+pub struct Pipeline<M> {
+    group: Group,
+    optimizer: ModuleOptimizer,
+    sync: Option<GradientSync>,
+    averager: Option<Box<dyn ModelAverager>>,
+    options: PipelineOptions,
+    iteration: u64,
+    skipped_steps: u64,
+    times: PhaseTimes,
+    checkpointer: Option<Checkpointer<M>>,
+    observer: Option<PhaseObserver>,
+}
+
+impl<M: Module> Pipeline<M> {
+    /// A pipeline on `group` with `optimizer`, no gradient sync and no averaging (add them with
+    /// [`with_gradient_sync`](Self::with_gradient_sync) and [`with_averager`](Self::with_averager)).
+    pub fn new(group: Group, optimizer: ModuleOptimizer, options: PipelineOptions) -> Self {
+        Self {
+            group,
+            optimizer,
+            sync: None,
+            averager: None,
+            options,
+            iteration: 0,
+            skipped_steps: 0,
+            times: PhaseTimes::default(),
+            checkpointer: None,
+            observer: None,
+        }
+    }
+
+    /// Communicate gradients through `hook` (bucketed by `reducer`).
+    pub fn with_gradient_sync(mut self, hook: Box<dyn CommHook>, reducer: GradientReducer) -> Self {
+        self.sync = Some(GradientSync { hook, reducer });
+        self
+    }
+
+    /// Average models with `averager` after every optimizer step.
+    pub fn with_averager(mut self, averager: Box<dyn ModelAverager>) -> Self {
+        self.averager = Some(averager);
+        self
+    }
+
+    /// Save checkpoints with `checkpointer` every `options.checkpoint_every` iterations.
+    pub fn with_checkpointer(mut self, checkpointer: Checkpointer<M>) -> Self {
+        self.checkpointer = Some(checkpointer);
+        self
+    }
+
+    /// Observe every phase as it completes.
+    pub fn with_observer(mut self, observer: PhaseObserver) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+
+    /// Iterations completed.
+    pub fn iteration(&self) -> u64 {
+        self.iteration
+    }
+
+    /// Optimizer steps skipped for non-finite gradients.
+    pub fn skipped_steps(&self) -> u64 {
+        self.skipped_steps
+    }
+
+    /// Accumulated wall time per phase.
+    pub fn phase_times(&self) -> &PhaseTimes {
+        &self.times
+    }
+
+    /// The world group.
+    pub fn group(&self) -> &Group {
+        &self.group
+    }
+
+    /// The optimizer.
+    pub fn optimizer(&self) -> &ModuleOptimizer {
+        &self.optimizer
+    }
+
+    /// The averager, if any.
+    pub fn averager(&self) -> Option<&dyn ModelAverager> {
+        self.averager.as_deref()
+    }
+
+    /// The hook, if any.
+    pub fn hook(&self) -> Option<&dyn CommHook> {
+        self.sync.as_ref().map(|s| &*s.hook)
+    }
+
+    /// Restore the counters and component states saved in a checkpoint. The caller restores the
+    /// model parameters and the data position.
+    pub fn restore(
+        &mut self,
+        iterations_done: u64,
+        skipped_steps: u64,
+        optimizer: ModuleOptimizer,
+        averager: Option<&AveragerState>,
+        hook: Option<&HookState>,
+    ) -> Result<(), PipelineError> {
+        match (&mut self.averager, averager) {
+            (Some(a), Some(s)) => a.load_state(s)?,
+            (None, None) => {}
+            (a, s) => {
+                return Err(PipelineError::Config(format!(
+                    "checkpoint {} averager state but the pipeline {} an averager",
+                    if s.is_some() { "has" } else { "has no" },
+                    if a.is_some() { "has" } else { "has no" }
+                )));
+            }
+        }
+        match (&mut self.sync, hook) {
+            (Some(sync), Some(s)) => sync.hook.load_state(s)?,
+            (None, None) => {}
+            (a, s) => {
+                return Err(PipelineError::Config(format!(
+                    "checkpoint {} hook state but the pipeline {} a gradient hook",
+                    if s.is_some() { "has" } else { "has no" },
+                    if a.is_some() { "has" } else { "has no" }
+                )));
+            }
+        }
+        self.optimizer = optimizer;
+        self.iteration = iterations_done;
+        self.skipped_steps = skipped_steps;
+        Ok(())
+    }
+
+    /// Run one iteration: every phase of [`ITERATION_ORDER`], in order.
+    pub fn run_iteration<B>(
+        &mut self,
+        model: M,
+        source: &mut dyn BatchSource<B>,
+        loss_fn: &dyn Fn(&M, &B) -> Tensor<1>,
+    ) -> Result<Outcome<M>, PipelineError> {
+        let traffic_start = self.group.traffic();
+        let mut times = PhaseTimes::default();
+        let mut model = Some(model);
+        let mut batch: Option<B> = None;
+        let mut loss_value = 0f32;
+        let mut grads: Option<GradientsParams> = None;
+        let mut selection: Option<ParamSelection> = None;
+        let mut skipped_step = false;
+        let mut global_loss = None;
+
+        for phase in ITERATION_ORDER {
+            let started = Instant::now();
+            let collectives_before = self.group.traffic().collectives;
+            let m = model
+                .take()
+                .ok_or_else(|| PipelineError::Config("model lost between phases".into()))?;
+            let m = match phase {
+                Phase::FetchBatch => {
+                    batch = source.next_batch();
+                    m
+                }
+                Phase::AgreeHasData => {
+                    let all = self
+                        .group
+                        .all_true(batch.is_some())
+                        .map_err(PipelineError::comm(phase))?;
+                    if !all {
+                        self.observe(phase, collectives_before);
+                        return Ok(Outcome::EndOfData(m));
+                    }
+                    m
+                }
+                Phase::ForwardBackward => {
+                    let b = batch
+                        .take()
+                        .ok_or_else(|| PipelineError::Config("no batch after agreement".into()))?;
+                    let loss = loss_fn(&m, &b);
+                    loss_value = loss.clone().into_scalar::<f32>();
+                    grads = Some(GradientsParams::from_grads(loss.backward(), &m));
+                    m
+                }
+                Phase::GradientSync => {
+                    if let Some(sync) = &mut self.sync
+                        && let Some(g) = grads.take()
+                    {
+                        grads = Some(sync.reducer.reduce(&m, g, &mut *sync.hook)?);
+                    }
+                    m
+                }
+                Phase::OptimizerStep => {
+                    let g = grads.take().unwrap_or_default();
+                    // The averager averages "parameters that had a gradient this step": note
+                    // them before the optimizer consumes the gradients, but only when an
+                    // averaging is due (the check is free otherwise).
+                    if self
+                        .averager
+                        .as_ref()
+                        .is_some_and(|a| a.scheduled_group().is_some())
+                    {
+                        selection = Some(ParamSelection::with_grads(&m, &g));
+                    }
+                    if self.options.skip_non_finite && !grads_finite(&m, &g)? {
+                        skipped_step = true;
+                        self.skipped_steps += 1;
+                        m
+                    } else {
+                        self.optimizer.step(self.options.lr, m, g)
+                    }
+                }
+                Phase::ModelAveraging => match &mut self.averager {
+                    Some(averager) => {
+                        let sel = selection
+                            .take()
+                            .unwrap_or_else(|| ParamSelection::ids(std::iter::empty()));
+                        averager.average_parameters(m, &sel)?
+                    }
+                    None => m,
+                },
+                Phase::Metrics => {
+                    let every = self.options.metrics_every;
+                    if every > 0 && (self.iteration + 1).is_multiple_of(every) {
+                        let mut v = [loss_value as f64];
+                        self.group
+                            .all_reduce_slice(&mut v, ReduceOp::Mean)
+                            .map_err(PipelineError::comm(phase))?;
+                        global_loss = Some(v[0]);
+                    }
+                    m
+                }
+                Phase::Checkpoint => {
+                    let every = self.options.checkpoint_every;
+                    if every > 0
+                        && (self.iteration + 1).is_multiple_of(every)
+                        && let Some(save) = &mut self.checkpointer
+                    {
+                        let ctx = CheckpointContext {
+                            iterations_done: self.iteration + 1,
+                            skipped_steps: self.skipped_steps,
+                            model: &m,
+                            optimizer: &self.optimizer,
+                            averager: self.averager.as_ref().map(|a| a.state()),
+                            hook: self.sync.as_ref().map(|s| s.hook.state()),
+                            data: source.position(),
+                            group: &self.group,
+                        };
+                        save(&ctx)?;
+                    }
+                    m
+                }
+            };
+            model = Some(m);
+            times.add(phase, started.elapsed());
+            self.observe(phase, collectives_before);
+        }
+
+        let model =
+            model.ok_or_else(|| PipelineError::Config("model lost after iteration".into()))?;
+        let report = IterationReport {
+            iteration: self.iteration,
+            loss: loss_value,
+            global_loss,
+            skipped_step,
+            times,
+            traffic: self.group.traffic() - traffic_start,
+        };
+        self.times.accumulate(&times);
+        self.iteration += 1;
+        Ok(Outcome::Trained(model, report))
+    }
+
+    fn observe(&mut self, phase: Phase, collectives_before: u64) {
+        if let Some(obs) = &mut self.observer {
+            let issued = self.group.traffic().collectives - collectives_before;
+            obs(phase, issued);
+        }
+    }
+}
+
+/// Whether every gradient in `grads` is finite (one flattened read).
+fn grads_finite<M: Module>(model: &M, grads: &GradientsParams) -> Result<bool, PipelineError> {
+    let selection = ParamSelection::with_grads(model, grads);
+    let flat = flatten_grads(model, grads, &selection)
+        .map_err(PipelineError::comm(Phase::OptimizerStep))?;
+    Ok(match &flat.buffer {
+        FlatBuffer::F32(v) => v.iter().all(|x| x.is_finite()),
+        FlatBuffer::F64(v) => v.iter().all(|x| x.is_finite()),
+    })
+}

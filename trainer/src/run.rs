@@ -1,0 +1,509 @@
+//! A complete training run of the built-in MLP, as the `localsgd` binary does it: data, model,
+//! algorithm, pipeline, checkpoints, metrics and evaluation, on every rank.
+
+use crate::algorithm::{self, AlgorithmSpec};
+use crate::checkpoint::{CheckpointDir, CheckpointError, RankCheckpoint, RunIdentity};
+use crate::config::{DatasetKind, OptimizerKind, TrainConfig};
+use crate::data::{self, DataError, Dataset, ShardSampler, TrainTest};
+use crate::init_weights::{InitWeightsError, load_pytorch_safetensors};
+use crate::metrics::MetricsWriter;
+use crate::model::{Mlp, MlpConfig, ModelError};
+use crate::pipeline::{
+    BatchSource, CheckpointContext, DataPosition, Outcome, PhaseTimes, Pipeline, PipelineError,
+    PipelineOptions,
+};
+use burn::nn::loss::CrossEntropyLoss;
+use burn::optim::momentum::MomentumConfig;
+use burn::optim::{AdamConfig, ModuleOptimizer, SgdConfig};
+use burn::tensor::{Device, Int, Tensor};
+use localsgd_comm::params::{FlatBuffer, ParamSelection, flatten_params, write_params};
+use localsgd_comm::{CommError, Group, GroupExt, Traffic};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Why a run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// Loading data failed.
+    #[error("data: {0}")]
+    Data(#[from] DataError),
+    /// The model configuration is invalid.
+    #[error("model: {0}")]
+    Model(#[from] ModelError),
+    /// `init-weights` could not be loaded.
+    #[error("init-weights: {0}")]
+    InitWeights(#[from] InitWeightsError),
+    /// The pipeline failed.
+    #[error(transparent)]
+    Pipeline(#[from] PipelineError),
+    /// A checkpoint could not be saved or loaded.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// A collective outside the pipeline failed (setup, evaluation).
+    #[error("communication: {0}")]
+    Comm(#[from] CommError),
+    /// Writing metrics or plots failed.
+    #[error("writing {what}: {message}")]
+    Output {
+        /// The file.
+        what: String,
+        /// The error.
+        message: String,
+    },
+}
+
+/// What one rank reports at the end of a run.
+#[derive(Debug, Clone)]
+pub struct WorkerResult {
+    /// World rank.
+    pub rank: usize,
+    /// Iterations completed (including resumed ones).
+    pub iterations: u64,
+    /// Optimizer steps skipped for non-finite gradients.
+    pub skipped_steps: u64,
+    /// Test accuracy of the world-averaged model, in [0, 1].
+    pub test_accuracy: f64,
+    /// Test accuracy of this rank's own model.
+    pub local_test_accuracy: f64,
+    /// Last all-reduced mean loss, if any was logged.
+    pub last_global_loss: Option<f64>,
+    /// Communication this rank issued during training (excluding evaluation).
+    pub traffic: Traffic,
+    /// Wall time per phase.
+    pub phase_times: PhaseTimes,
+    /// Wall time of the training loop.
+    pub wall: Duration,
+    /// Samples this rank processed.
+    pub samples: u64,
+    /// This rank's final parameters, flattened in traversal order.
+    pub params: FlatBuffer,
+    /// (iteration, loss) of every iteration, for the loss curve (rank 0 only).
+    pub loss_curve: Vec<(f64, f64)>,
+}
+
+/// Load the configured data set.
+pub fn load_data(cfg: &TrainConfig) -> Result<TrainTest, DataError> {
+    match cfg.dataset {
+        DatasetKind::Digits => data::digits::load(),
+        DatasetKind::Synthetic => {
+            let test = cfg.synthetic_samples / 5;
+            data::synthetic::generate_split(
+                cfg.synthetic_samples - test,
+                test,
+                cfg.synthetic_dim,
+                cfg.synthetic_classes,
+                cfg.seed,
+            )
+        }
+        DatasetKind::Idx => {
+            let dir = cfg.data_dir.as_deref().unwrap_or(Path::new("."));
+            data::idx::load_dir(dir)
+        }
+    }
+}
+
+/// The model shape for a data set.
+pub fn model_config(cfg: &TrainConfig, train: &Dataset) -> MlpConfig {
+    MlpConfig {
+        input: train.dim(),
+        hidden: cfg.hidden.clone(),
+        classes: train.num_classes(),
+    }
+}
+
+/// The optimizer of a configuration.
+pub fn optimizer(cfg: &TrainConfig) -> ModuleOptimizer {
+    match cfg.optimizer {
+        OptimizerKind::Sgd => SgdConfig::new()
+            .with_momentum((cfg.momentum > 0.0).then_some(MomentumConfig {
+                momentum: cfg.momentum,
+                dampening: 0.0,
+                nesterov: false,
+            }))
+            .init(),
+        OptimizerKind::Adam => AdamConfig::new().init(),
+    }
+}
+
+/// Mean cross-entropy of the MLP on a batch (PyTorch's `CrossEntropyLoss()` default).
+pub fn loss(model: &Mlp, batch: &(Tensor<2>, Tensor<1, Int>)) -> Tensor<1> {
+    let (x, y) = batch;
+    let logits = model.forward(x.clone());
+    CrossEntropyLoss::new(None, &logits.device()).forward(logits, y.clone())
+}
+
+/// Fraction of `data` the model classifies correctly.
+pub fn accuracy(model: &Mlp, data: &Dataset, device: &Device) -> Result<f64, RunError> {
+    if data.is_empty() {
+        return Ok(0.0);
+    }
+    let indices: Vec<usize> = (0..data.len()).collect();
+    let mut correct = 0usize;
+    for chunk in indices.chunks(1024) {
+        let (x, _) = data.batch_tensors(chunk, device)?;
+        let logits = model.forward(x).detach();
+        let classes = logits.dims()[1];
+        let values: Vec<f32> = logits
+            .into_data()
+            .try_into_vec()
+            .map_err(|e| RunError::Output {
+                what: "evaluation".into(),
+                message: format!("{e:?}"),
+            })?;
+        for (row, &i) in values.chunks(classes).zip(chunk) {
+            let mut best = 0;
+            for c in 1..classes {
+                if row[c] > row[best] {
+                    best = c;
+                }
+            }
+            if best as u32 == data.labels()[i] {
+                correct += 1;
+            }
+        }
+    }
+    Ok(correct as f64 / data.len() as f64)
+}
+
+/// This rank's shard of the training data, epoch by epoch, in batches (PyTorch's
+/// `DistributedSampler` + `DataLoader(drop_last=False)` layout).
+pub struct ShardLoader {
+    data: Arc<Dataset>,
+    sampler: ShardSampler,
+    batch_size: usize,
+    device: Device,
+    epoch: u64,
+    batches: Vec<Vec<usize>>,
+    next: usize,
+}
+
+impl ShardLoader {
+    /// A loader positioned at `position`.
+    pub fn new(
+        data: Arc<Dataset>,
+        sampler: ShardSampler,
+        batch_size: usize,
+        device: Device,
+        position: DataPosition,
+    ) -> Result<Self, DataError> {
+        let batches = sampler.batches(position.epoch, batch_size)?;
+        Ok(Self {
+            data,
+            sampler,
+            batch_size,
+            device,
+            epoch: position.epoch,
+            batches,
+            next: position.next_batch as usize,
+        })
+    }
+
+    /// Move to the start of the next epoch.
+    pub fn next_epoch(&mut self) -> Result<(), DataError> {
+        self.epoch += 1;
+        self.batches = self.sampler.batches(self.epoch, self.batch_size)?;
+        self.next = 0;
+        Ok(())
+    }
+
+    /// The current epoch.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Batches per epoch on this rank.
+    pub fn batches_per_epoch(&self) -> usize {
+        self.batches.len()
+    }
+}
+
+impl BatchSource<(Tensor<2>, Tensor<1, Int>)> for ShardLoader {
+    fn next_batch(&mut self) -> Option<(Tensor<2>, Tensor<1, Int>)> {
+        let indices = self.batches.get(self.next)?;
+        let batch = self.data.batch_tensors(indices, &self.device).ok()?;
+        self.next += 1;
+        Some(batch)
+    }
+
+    fn position(&self) -> Option<DataPosition> {
+        Some(DataPosition {
+            epoch: self.epoch,
+            next_batch: self.next as u64,
+        })
+    }
+}
+
+/// Progress callback: (iterations done, total iterations, last global loss).
+pub type Progress = Box<dyn FnMut(u64, u64, Option<f64>) + Send>;
+
+/// Run one rank of a training run. `run_dir` (checkpoints, metrics) is written by rank 0 only,
+/// except checkpoint rank files which every rank writes.
+pub fn train_worker(
+    cfg: &TrainConfig,
+    group: Group,
+    data: &TrainTest,
+    run_dir: Option<&Path>,
+    mut progress: Option<Progress>,
+) -> Result<WorkerResult, RunError> {
+    let rank = group.rank();
+    let world = group.size();
+    let device = Device::flex().autodiff();
+    let mcfg = model_config(cfg, &data.train);
+    let mut model = match &cfg.init_weights {
+        Some(path) => load_pytorch_safetensors(path, &mcfg, &device)?,
+        None => mcfg.init(cfg.seed, &device)?,
+    };
+    let spec = AlgorithmSpec::from_config(cfg)?;
+    let identity = RunIdentity {
+        world_size: world,
+        algorithm: spec.identity(),
+    };
+    let parts = algorithm::build(&spec, &group)?;
+    let options = PipelineOptions {
+        lr: cfg.lr,
+        skip_non_finite: cfg.skip_non_finite,
+        metrics_every: cfg.log_every,
+        checkpoint_every: cfg.checkpoint_every,
+    };
+    let mut pipeline = Pipeline::new(group.clone(), optimizer(cfg), options);
+    if let Some((hook, reducer)) = parts.sync {
+        pipeline = pipeline.with_gradient_sync(hook, reducer);
+    }
+    if let Some(averager) = parts.averager {
+        pipeline = pipeline.with_averager(averager);
+    }
+    let ckpt_dir = run_dir.map(CheckpointDir::new);
+    if let Some(dir) = &ckpt_dir {
+        let dir = dir.clone();
+        let identity = identity.clone();
+        pipeline = pipeline.with_checkpointer(Box::new(move |ctx: &CheckpointContext<'_, Mlp>| {
+            save_checkpoint(&dir, &identity, ctx)
+                .map_err(|e| PipelineError::Checkpoint(e.to_string()))
+        }));
+    }
+
+    let mut position = DataPosition::default();
+    if cfg.resume {
+        let dir = ckpt_dir
+            .as_ref()
+            .ok_or_else(|| CheckpointError::Missing(Path::new("(no run directory)").into()))?;
+        let ckpt = dir.load_rank(rank, &identity)?;
+        let (m, opt) = ckpt.restore(model, optimizer(cfg))?;
+        model = m;
+        pipeline.restore(
+            ckpt.meta.iterations_done,
+            ckpt.meta.skipped_steps,
+            opt,
+            ckpt.meta.averager.as_ref(),
+            ckpt.meta.hook.as_ref(),
+        )?;
+        position = ckpt.meta.data.unwrap_or_default();
+    }
+
+    let train = Arc::new(data.train.clone());
+    let mut sampler = ShardSampler::new(train.len(), world, rank)?;
+    if cfg.shuffle {
+        sampler = sampler.with_shuffle(cfg.seed);
+    }
+    let mut loader = ShardLoader::new(train, sampler, cfg.batch_size, device.clone(), position)?;
+    let per_epoch = loader.batches_per_epoch() as u64;
+    let total = cfg.steps.unwrap_or(per_epoch * cfg.epochs);
+
+    let mut metrics = match (rank, run_dir) {
+        (0, Some(dir)) => Some(
+            MetricsWriter::create(dir, cfg.metrics_format, cfg.resume).map_err(|e| {
+                RunError::Output {
+                    what: "metrics".into(),
+                    message: e.to_string(),
+                }
+            })?,
+        ),
+        _ => None,
+    };
+
+    let traffic_start = group.traffic();
+    let started = Instant::now();
+    let mut samples = 0u64;
+    let mut last_global = None;
+    let mut curve = Vec::new();
+    let loss_fn = |m: &Mlp, b: &(Tensor<2>, Tensor<1, Int>)| loss(m, b);
+    while pipeline.iteration() < total {
+        if cfg.steps.is_none() && loader.epoch() >= cfg.epochs {
+            break;
+        }
+        match pipeline.run_iteration(model, &mut loader, &loss_fn)? {
+            Outcome::Trained(m, report) => {
+                model = m;
+                samples += cfg.batch_size as u64;
+                if report.global_loss.is_some() {
+                    last_global = report.global_loss;
+                }
+                if rank == 0 {
+                    curve.push((report.iteration as f64, report.loss as f64));
+                    if let Some(w) = &mut metrics {
+                        w.record(loader.epoch(), cfg.lr, &report).map_err(|e| {
+                            RunError::Output {
+                                what: "metrics".into(),
+                                message: e.to_string(),
+                            }
+                        })?;
+                    }
+                    if let Some(p) = &mut progress {
+                        p(pipeline.iteration(), total, last_global);
+                    }
+                }
+            }
+            Outcome::EndOfData(m) => {
+                model = m;
+                loader.next_epoch()?;
+            }
+        }
+    }
+    let wall = started.elapsed();
+    let traffic = group.traffic() - traffic_start;
+    if let Some(w) = &mut metrics {
+        w.flush().map_err(|e| RunError::Output {
+            what: "metrics".into(),
+            message: e.to_string(),
+        })?;
+    }
+    // The final state is always saved when there is a run directory, so `resume` can continue.
+    if let Some(dir) = &ckpt_dir {
+        let done = pipeline.iteration();
+        let already = cfg.checkpoint_every > 0 && done.is_multiple_of(cfg.checkpoint_every);
+        if done > 0 && !already {
+            let ctx = CheckpointContext {
+                iterations_done: done,
+                skipped_steps: pipeline.skipped_steps(),
+                model: &model,
+                optimizer: pipeline.optimizer(),
+                averager: pipeline.averager().map(|a| a.state()),
+                hook: pipeline.hook().map(|h| h.state()),
+                data: loader.position(),
+                group: &group,
+            };
+            save_checkpoint(dir, &identity, &ctx)?;
+        }
+    }
+
+    let local_test_accuracy = accuracy(&model, &data.test, &device)?;
+    let params = flatten_params(&model, &ParamSelection::All)
+        .map_err(RunError::Comm)?
+        .buffer;
+    let averaged = average_model(model, &group)?;
+    let test_accuracy = accuracy(&averaged, &data.test, &device)?;
+    Ok(WorkerResult {
+        rank,
+        iterations: pipeline.iteration(),
+        skipped_steps: pipeline.skipped_steps(),
+        test_accuracy,
+        local_test_accuracy,
+        last_global_loss: last_global,
+        traffic,
+        phase_times: *pipeline.phase_times(),
+        wall,
+        samples,
+        params,
+        loss_curve: curve,
+    })
+}
+
+/// The world average of the ranks' models (for evaluation; the ranks' own models are unchanged).
+fn average_model(model: Mlp, group: &Group) -> Result<Mlp, RunError> {
+    let mut flat = flatten_params(&model, &ParamSelection::All)?;
+    match &mut flat.buffer {
+        FlatBuffer::F32(v) => group.average_slice(v)?,
+        FlatBuffer::F64(v) => group.average_slice(v)?,
+    }
+    Ok(write_params(model, &flat)?)
+}
+
+/// Collective checkpoint save: rank 0 prepares the staging directory, every rank writes its
+/// file, rank 0 seals it. Barriers keep the steps in order.
+pub fn save_checkpoint(
+    dir: &CheckpointDir,
+    identity: &RunIdentity,
+    ctx: &CheckpointContext<'_, Mlp>,
+) -> Result<(), RunError> {
+    let rank = ctx.group.rank();
+    if rank == 0 {
+        dir.begin(ctx.iterations_done)?;
+    }
+    ctx.group.barrier()?;
+    let ckpt = RankCheckpoint::capture(
+        rank,
+        identity.clone(),
+        ctx.iterations_done,
+        ctx.skipped_steps,
+        ctx.data,
+        ctx.averager.clone(),
+        ctx.hook.clone(),
+        ctx.model,
+        ctx.optimizer,
+    )?;
+    dir.write_rank(ctx.iterations_done, &ckpt)?;
+    ctx.group.barrier()?;
+    if rank == 0 {
+        dir.commit(ctx.iterations_done, identity)?;
+    }
+    ctx.group.barrier()?;
+    Ok(())
+}
+
+/// Run all ranks as threads of this process; results in rank order. A worker that panics is
+/// reported as a communication failure of its peers plus the panic itself.
+pub fn train_threads(
+    cfg: &TrainConfig,
+    data: &TrainTest,
+    run_dir: Option<&Path>,
+    progress: Option<Progress>,
+) -> Result<Vec<WorkerResult>, RunError> {
+    let world = localsgd_comm::ThreadWorld::new(cfg.workers)?
+        .with_timeout(Duration::from_secs(cfg.timeout_secs));
+    let progress = std::sync::Mutex::new(progress);
+    let results = world
+        .run(|group| {
+            let p = if group.rank() == 0 {
+                progress.lock().ok().and_then(|mut p| p.take())
+            } else {
+                None
+            };
+            train_worker(cfg, group, data, run_dir, p)
+        })
+        .map_err(|p| RunError::Output {
+            what: format!("worker {}", p.rank),
+            message: format!("panicked: {}", p.message),
+        })?;
+    // Report the root cause: a rank's own error before its peers' "rank N failed" errors.
+    let mut ok = Vec::with_capacity(results.len());
+    let mut first_err: Option<RunError> = None;
+    for r in results {
+        match r {
+            Ok(w) => ok.push(w),
+            Err(e) => {
+                let replace = match &first_err {
+                    None => true,
+                    Some(prev) => is_peer_failure(prev) && !is_peer_failure(&e),
+                };
+                if replace {
+                    first_err = Some(e);
+                }
+            }
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(ok),
+    }
+}
+
+fn is_peer_failure(e: &RunError) -> bool {
+    matches!(
+        e,
+        RunError::Pipeline(PipelineError::Comm {
+            source: CommError::PeerFailed { .. },
+            ..
+        }) | RunError::Comm(CommError::PeerFailed { .. })
+    )
+}

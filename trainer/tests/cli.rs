@@ -1,0 +1,179 @@
+//! The `localsgd` binary end to end: the default run, every bad-input case, and the config
+//! reference (TOML keys == command-line flags).
+
+use clap::Args;
+use localsgd_trainer::cli::ConfigFlags;
+use localsgd_trainer::config::TrainConfig;
+use std::path::Path;
+use std::process::Command;
+
+fn localsgd(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_localsgd"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn train_end_to_end_writes_the_run_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let out = localsgd(&[
+        "train",
+        "--steps",
+        "60",
+        "--log-every",
+        "10",
+        "--checkpoint-every",
+        "25",
+        "--progress",
+        "false",
+        "--run-dir",
+        run.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("algorithm = \"post-local-sgd\""),
+        "{stdout}"
+    );
+    assert!(stdout.contains("test accuracy:"), "{stdout}");
+    for f in [
+        "config.toml",
+        "metrics.csv",
+        "loss.svg",
+        "summary.json",
+        "checkpoints/latest",
+    ] {
+        assert!(run.join(f).exists(), "{f} missing");
+    }
+    let metrics = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
+    assert_eq!(
+        metrics.lines().count(),
+        61,
+        "header + one row per iteration"
+    );
+    let latest = std::fs::read_to_string(run.join("checkpoints/latest")).unwrap();
+    assert_eq!(latest.trim(), "step-00000060");
+    assert!(run.join("checkpoints/step-00000050/rank-1.ckpt").exists());
+    let saved = TrainConfig::from_toml_file(&run.join("config.toml")).unwrap();
+    assert_eq!(saved.steps, Some(60));
+}
+
+fn assert_rejected(args: &[&str], setting: &str, run: &Path) {
+    let out = localsgd(args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{args:?} was accepted");
+    assert!(stderr.contains(setting), "{args:?}: {stderr}");
+    assert!(
+        !run.exists(),
+        "{args:?} wrote the run directory before validation"
+    );
+}
+
+#[test]
+fn bad_input_is_rejected_before_anything_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let r = run.to_str().unwrap();
+    fn with<'a>(r: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+        let mut v = vec!["train", "--run-dir", r];
+        v.extend_from_slice(extra);
+        v
+    }
+    let base = |extra: &[&'static str]| with(r, extra);
+    assert_rejected(&base(&["--period", "0"]), "`period` = 0", &run);
+    assert_rejected(
+        &base(&["--warmup", "-3"]),
+        "warmup_steps must be non-negative",
+        &run,
+    );
+    assert_rejected(&base(&["--workers", "0"]), "`workers` = 0", &run);
+    assert_rejected(
+        &base(&["--algorithm", "hierarchical", "--levels", "2:3,4:2"]),
+        "does not fit 2 workers",
+        &run,
+    );
+    assert_rejected(
+        &base(&["--algorithm", "hierarchical", "--levels", "4:1,2:2"]),
+        "strictly increase",
+        &run,
+    );
+    assert_rejected(
+        &base(&[
+            "--algorithm",
+            "hierarchical",
+            "--workers",
+            "4",
+            "--levels",
+            "2:2",
+        ]),
+        "the last level must average over the whole group of 4 ranks",
+        &run,
+    );
+    assert_rejected(&base(&["--dataset", "idx"]), "`data-dir`", &run);
+    assert_rejected(
+        &base(&["--dataset", "idx", "--data-dir", "/nonexistent/mnist"]),
+        "/nonexistent/mnist",
+        &run,
+    );
+    assert_rejected(
+        &base(&["--init-weights", "/nonexistent.safetensors"]),
+        "`init-weights`",
+        &run,
+    );
+    assert_rejected(&base(&["--lr", "-1"]), "`lr`", &run);
+    assert_rejected(&base(&["--batch-size", "0"]), "`batch-size`", &run);
+    assert_rejected(&base(&["--algorithm", "fedavg"]), "fedavg", &run);
+    assert_rejected(&base(&["--workers", "two"]), "two", &run);
+
+    let cfg = dir.path().join("bad.toml");
+    let c = cfg.to_str().unwrap();
+    std::fs::write(&cfg, "perod = 4\n").unwrap();
+    assert_rejected(&with(r, &["--config", c]), "unknown field `perod`", &run);
+    std::fs::write(&cfg, "workers = \"two\"\n").unwrap();
+    assert_rejected(&with(r, &["--config", c]), "workers", &run);
+    std::fs::write(&cfg, "period = 0\n").unwrap();
+    assert_rejected(&with(r, &["--config", c]), "`period` = 0", &run);
+    assert_rejected(
+        &base(&["--config", "/nonexistent.toml"]),
+        "/nonexistent.toml",
+        &run,
+    );
+}
+
+#[test]
+fn flags_override_the_config_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("run.toml");
+    std::fs::write(&cfg, "period = 8\nworkers = 4\nhidden = [32, 16]\n").unwrap();
+    let flags = ConfigFlags {
+        config: Some(cfg),
+        workers: Some(2),
+        ..Default::default()
+    };
+    let resolved = flags.resolve().unwrap();
+    assert_eq!(resolved.period, 8);
+    assert_eq!(resolved.workers, 2);
+    assert_eq!(resolved.hidden, vec![32, 16]);
+}
+
+#[test]
+fn every_setting_is_both_a_toml_key_and_a_flag() {
+    let keys: std::collections::BTreeSet<String> =
+        match serde_json::to_value(TrainConfig::default()).unwrap() {
+            serde_json::Value::Object(m) => m.keys().cloned().collect(),
+            other => panic!("{other}"),
+        };
+    let cmd = ConfigFlags::augment_args(clap::Command::new("t"));
+    let flags: std::collections::BTreeSet<String> = cmd
+        .get_arguments()
+        .filter_map(|a| a.get_long().map(str::to_string))
+        .filter(|l| l != "config")
+        .collect();
+    assert_eq!(keys, flags);
+}

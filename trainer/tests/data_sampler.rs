@@ -1,0 +1,129 @@
+//! `ShardSampler` against PyTorch `DistributedSampler(shuffle=False, drop_last=False)` +
+//! `DataLoader(drop_last=False)`. Expected values: PyTorch's documented behaviour, computed by a
+//! literal transcription of `DistributedSampler.__iter__` (pad with `indices[:pad]`, or
+//! `(indices * ceil(pad / n))[:pad]` when pad > n; then `indices[rank:total_size:world]`).
+
+use std::collections::BTreeSet;
+
+use localsgd_trainer::data::{DataError, ShardSampler};
+
+fn all_ranks(n: usize, world: usize) -> Vec<Vec<usize>> {
+    (0..world)
+        .map(|r| ShardSampler::new(n, world, r).unwrap().epoch_indices(0))
+        .collect()
+}
+
+#[test]
+fn ten_rows_three_ranks() {
+    assert_eq!(
+        all_ranks(10, 3),
+        vec![vec![0, 3, 6, 9], vec![1, 4, 7, 0], vec![2, 5, 8, 1]]
+    );
+}
+
+#[test]
+fn padding_wraps_around_and_repeats() {
+    assert_eq!(all_ranks(2, 4), vec![vec![0], vec![1], vec![0], vec![1]]);
+    assert_eq!(
+        all_ranks(2, 5),
+        vec![vec![0], vec![1], vec![0], vec![1], vec![0]]
+    );
+    assert_eq!(
+        all_ranks(3, 8),
+        vec![
+            vec![0],
+            vec![1],
+            vec![2],
+            vec![0],
+            vec![1],
+            vec![2],
+            vec![0],
+            vec![1]
+        ]
+    );
+    assert_eq!(all_ranks(1, 3), vec![vec![0], vec![0], vec![0]]);
+    assert_eq!(all_ranks(5, 1), vec![vec![0, 1, 2, 3, 4]]);
+}
+
+#[test]
+fn batches_keep_the_smaller_last_batch() {
+    let s = ShardSampler::new(10, 3, 1).unwrap();
+    assert_eq!(s.batches(0, 3).unwrap(), vec![vec![1, 4, 7], vec![0]]);
+    let sizes: Vec<usize> = s.batches(0, 3).unwrap().iter().map(Vec::len).collect();
+    assert_eq!(sizes, vec![3, 1]);
+    assert_eq!(s.num_batches(3).unwrap(), 2);
+    let single = ShardSampler::new(10, 1, 0).unwrap();
+    assert_eq!(
+        single.batches(0, 4).unwrap(),
+        vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7], vec![8, 9]]
+    );
+    // The digits training split on 4 ranks, batch 32: rank 3 has 12 batches, the last one
+    // ends with the wrapped-around row 2.
+    let digits = ShardSampler::new(1437, 4, 3).unwrap();
+    let batches = digits.batches(0, 32).unwrap();
+    assert_eq!(batches.len(), 12);
+    assert_eq!(digits.num_batches(32).unwrap(), 12);
+    assert_eq!(
+        batches[11],
+        vec![1411, 1415, 1419, 1423, 1427, 1431, 1435, 2]
+    );
+}
+
+#[test]
+fn empty_dataset_gives_no_batches() {
+    let s = ShardSampler::new(0, 2, 1).unwrap();
+    assert!(s.epoch_indices(0).is_empty());
+    assert!(s.batches(0, 4).unwrap().is_empty());
+    assert_eq!(s.num_batches(4).unwrap(), 0);
+}
+
+#[test]
+fn shuffle_is_a_shared_permutation_per_epoch() {
+    let (n, world) = (23, 4);
+    let ranks = |epoch| -> Vec<Vec<usize>> {
+        (0..world)
+            .map(|r| {
+                ShardSampler::new(n, world, r)
+                    .unwrap()
+                    .with_shuffle(99)
+                    .epoch_indices(epoch)
+            })
+            .collect()
+    };
+    let e0 = ranks(0);
+    assert_eq!(e0, ranks(0), "same (seed, epoch) must give the same order");
+    assert_ne!(e0, ranks(1), "a new epoch must reshuffle");
+    // Every rank gets ceil(23/4) = 6 indices; together they cover every row, and only the
+    // 24 - 23 = 1 padding slot repeats a row.
+    assert!(e0.iter().all(|r| r.len() == 6));
+    let flat: Vec<usize> = e0.iter().flatten().copied().collect();
+    let distinct: BTreeSet<usize> = flat.iter().copied().collect();
+    assert_eq!(distinct, (0..n).collect());
+    assert_eq!(flat.len(), 24);
+    assert_ne!(
+        e0[0],
+        vec![0, 4, 8, 12, 16, 20],
+        "shuffled order must differ from 0..n"
+    );
+    let other_seed = ShardSampler::new(n, world, 0)
+        .unwrap()
+        .with_shuffle(100)
+        .epoch_indices(0);
+    assert_ne!(e0[0], other_seed);
+}
+
+#[test]
+fn invalid_configuration_is_rejected() {
+    assert!(matches!(
+        ShardSampler::new(10, 0, 0),
+        Err(DataError::InvalidSampler { world: 0, rank: 0 })
+    ));
+    let err = ShardSampler::new(10, 2, 2).unwrap_err().to_string();
+    assert!(
+        err.contains("rank 2") && err.contains("world size 2"),
+        "{err}"
+    );
+    let s = ShardSampler::new(10, 2, 1).unwrap();
+    assert!(matches!(s.batches(0, 0), Err(DataError::ZeroBatchSize)));
+    assert!(matches!(s.num_batches(0), Err(DataError::ZeroBatchSize)));
+}

@@ -1,0 +1,119 @@
+//! Resuming from a checkpoint gives bit-identical parameters to a run that never stopped, and
+//! refuses checkpoints from runs with another world size or algorithm.
+
+use localsgd_trainer::config::{AlgorithmKind, DatasetKind, OptimizerKind, TrainConfig};
+use localsgd_trainer::run::{load_data, train_threads};
+
+fn config(
+    dir: &std::path::Path,
+    algorithm: AlgorithmKind,
+    optimizer: OptimizerKind,
+) -> TrainConfig {
+    TrainConfig {
+        workers: 2,
+        algorithm,
+        warmup: 3,
+        period: 2,
+        levels: "2:1,5:2".into(),
+        dataset: DatasetKind::Synthetic,
+        synthetic_samples: 200,
+        synthetic_dim: 6,
+        synthetic_classes: 3,
+        hidden: vec![8],
+        batch_size: 16,
+        optimizer,
+        lr: 0.05,
+        checkpoint_every: 4,
+        log_every: 3,
+        run_dir: dir.to_path_buf(),
+        progress: false,
+        ..TrainConfig::default()
+    }
+}
+
+fn bits(r: &localsgd_trainer::run::WorkerResult) -> Vec<u32> {
+    match &r.params {
+        localsgd_comm::params::FlatBuffer::F32(v) => v.iter().map(|x| x.to_bits()).collect(),
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+fn check_resume(algorithm: AlgorithmKind, optimizer: OptimizerKind) {
+    let straight_dir = tempfile::tempdir().unwrap();
+    let resumed_dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(straight_dir.path(), algorithm, optimizer);
+    let data = load_data(&cfg).unwrap();
+    // 160 training rows / 2 ranks / batch 16 = 5 batches per epoch: 13 steps cross two epoch
+    // boundaries, and the stop at 7 is mid-epoch.
+    cfg.steps = Some(13);
+    let straight = train_threads(&cfg, &data, Some(straight_dir.path()), None).unwrap();
+
+    let mut first = config(resumed_dir.path(), algorithm, optimizer);
+    first.steps = Some(7);
+    train_threads(&first, &data, Some(resumed_dir.path()), None).unwrap();
+    let mut second = first.clone();
+    second.steps = Some(13);
+    second.resume = true;
+    let resumed = train_threads(&second, &data, Some(resumed_dir.path()), None).unwrap();
+
+    for (a, b) in straight.iter().zip(&resumed) {
+        assert_eq!(a.iterations, 13);
+        assert_eq!(b.iterations, 13);
+        assert_eq!(bits(a), bits(b), "rank {} differs after resume", a.rank);
+    }
+    // Local steps happened: ranks hold different models (so the test covers per-rank state).
+    if algorithm != AlgorithmKind::Ddp {
+        assert_ne!(bits(&straight[0]), bits(&straight[1]));
+    }
+}
+
+#[test]
+fn post_local_sgd_with_momentum_resumes_bit_identically() {
+    check_resume(AlgorithmKind::PostLocalSgd, OptimizerKind::Sgd);
+}
+
+#[test]
+fn hierarchical_with_adam_resumes_bit_identically() {
+    check_resume(AlgorithmKind::Hierarchical, OptimizerKind::Adam);
+}
+
+#[test]
+fn resuming_with_another_world_size_or_algorithm_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path(), AlgorithmKind::PostLocalSgd, OptimizerKind::Sgd);
+    cfg.steps = Some(4);
+    let data = load_data(&cfg).unwrap();
+    train_threads(&cfg, &data, Some(dir.path()), None).unwrap();
+
+    let mut other = cfg.clone();
+    other.resume = true;
+    other.steps = Some(8);
+    other.workers = 1;
+    let err = train_threads(&other, &data, Some(dir.path()), None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("2 workers") && err.contains("this run has 1"),
+        "{err}"
+    );
+
+    let mut other = cfg.clone();
+    other.resume = true;
+    other.steps = Some(8);
+    other.period = 3;
+    let err = train_threads(&other, &data, Some(dir.path()), None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("algorithm settings") && err.contains("period=Some(3)"),
+        "{err}"
+    );
+
+    let empty = tempfile::tempdir().unwrap();
+    let mut other = cfg.clone();
+    other.resume = true;
+    let err = train_threads(&other, &data, Some(empty.path()), None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no checkpoint to resume from"), "{err}");
+}
