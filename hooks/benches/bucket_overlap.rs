@@ -1,12 +1,16 @@
 //! Does overlapping pay? Compares, on 2 thread-backend ranks and an MLP-sized gradient set
 //! (784-2048-2048-2048-10, ~10.4M f32 gradients, 3 buckets at the default 1 MiB / 25 MiB caps):
 //!
-//! - `sequential`: the library's `GradientReducer::reduce` (flatten all once, copy each bucket
-//!   out, all-reduce it, copy back, unflatten once);
-//! - `overlapped`: flatten bucket `i + 1` (its own `flatten_grads` call) on the rank's thread
-//!   while a helper thread all-reduces bucket `i`, then unflatten once.
+//! - `sequential`: the library's `GradientReducer::reduce` (flatten all gradients once, copy each
+//!   bucket out, all-reduce it, copy it back, unflatten once);
+//! - `overlapped`: the alternative: flatten bucket `i + 1` (its own `flatten_grads` call) on the
+//!   rank's thread while a helper thread all-reduces bucket `i`, then unflatten once.
 //!
-//! The library keeps whichever is faster. Run with `cargo bench -p localsgd-hooks`.
+//! Measured on the 2-core dev machine (busy with parallel builds, load ~4-5): overlapped /
+//! sequential = 1.03, 0.99, 1.04 over three runs (569/553, 435/441, 669/642 ms; two earlier runs
+//! against a sequential variant with per-parameter copies gave 0.89 and 0.87). Overlap does not
+//! pay here, so the library keeps the simple sequential path. Run with
+//! `cargo bench -p localsgd-hooks`.
 
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::nn::{Linear, LinearConfig};
@@ -68,53 +72,36 @@ fn reduce_overlapped(
         .iter()
         .map(|b| ParamSelection::ids(b.params.iter().map(|p| all.entries[p.index].id)))
         .collect();
-    let flat_bucket = |i: usize| -> Result<FlatParams, HookError> {
-        Ok(flatten_grads(model, grads, &selections[i])?)
-    };
-    let mut out = vec![0.0f32; plan.total_len()];
-    let mut next = Some(flat_bucket(0)?);
     let count = plan.buckets.len();
-    for i in 0..count {
-        let Some(FlatParams {
-            layout,
-            buffer: FlatBuffer::F32(data),
-        }) = next.take()
-        else {
+    let prepare = |i: usize| -> Result<GradBucket, HookError> {
+        let FlatBuffer::F32(data) = flatten_grads(model, grads, &selections[i])?.buffer else {
             unreachable!("f32 model")
         };
-        let mut bucket = GradBucket::new(i, i + 1 == count, BucketData::F32(data));
-        let prepared = std::thread::scope(|s| {
+        Ok(GradBucket::new(i, i + 1 == count, BucketData::F32(data)))
+    };
+    let mut out = vec![0.0f32; all.total];
+    let mut bucket = prepare(0)?;
+    for (i, spec) in plan.buckets.iter().enumerate() {
+        let next = std::thread::scope(|s| {
             let comm = s.spawn(|| hook.run(&mut bucket));
-            let prepared = (i + 1 < count).then(|| flat_bucket(i + 1)).transpose();
+            let next = (i + 1 < count).then(|| prepare(i + 1)).transpose();
             comm.join().expect("hook thread")?;
-            prepared
+            next
         })?;
-        next = prepared;
         let BucketData::F32(done) = bucket.into_data() else {
-            unreachable!("f32 model")
+            unreachable!("f32 hook")
         };
-        // This bucket's parameters are contiguous in traversal order.
-        let start = layout
-            .entries
-            .first()
-            .map(|e| all_offset(&plan, e.index))
-            .unwrap_or(0);
-        out[start..start + done.len()].copy_from_slice(&done);
+        out[spec.flat_offset..spec.flat_offset + spec.len].copy_from_slice(&done);
+        match next {
+            Some(b) => bucket = b,
+            None => break,
+        }
     }
     let flat = FlatParams {
-        layout: FlatLayout::of(model, &ParamSelection::All),
+        layout: all,
         buffer: FlatBuffer::F32(out),
     };
     Ok(grads_from_flat(model, &flat)?)
-}
-
-fn all_offset(plan: &localsgd_hooks::BucketPlan, index: usize) -> usize {
-    plan.buckets
-        .iter()
-        .flat_map(|b| &b.params)
-        .find(|p| p.index == index)
-        .map(|p| p.flat_offset)
-        .unwrap_or(0)
 }
 
 fn time(iters: u64, overlapped: bool) -> Duration {

@@ -4,7 +4,7 @@
 use crate::bucket::{BucketData, GradBucket};
 use crate::error::HookError;
 use crate::hook::CommHook;
-use crate::plan::{BucketCaps, BucketPlan, BucketSpec};
+use crate::plan::{BucketCaps, BucketPlan};
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::{DType, Tensor};
@@ -14,15 +14,16 @@ use localsgd_comm::params::{
 
 /// Runs a [`CommHook`] over a module's gradients, one bucket at a time.
 ///
-/// The bucket layout covers every *trainable* float parameter (`require_grad`), in reverse
-/// traversal order, whether or not it received a gradient this step: a parameter without a local
-/// gradient contributes zeros, so ranks never disagree on bucket sizes. The plan is computed once
-/// per module layout and cached.
+/// The bucket layout covers every *trainable* float parameter (`require_grad`), whether or not it
+/// received a gradient this step: a parameter without a local gradient contributes zeros, so
+/// ranks never disagree on bucket sizes. The plan is computed once per module layout and cached.
 ///
-/// The gradients are flattened once (one read of one concatenated tensor), each bucket is copied
-/// out, communicated and copied back, and the result is unflattened once. A criterion bench
-/// (`benches/bucket_overlap.rs`) found this faster on a 2-core machine than flattening bucket
-/// `i + 1` on another thread while bucket `i` is all-reduced.
+/// The gradients are flattened once (one read of one concatenated tensor); each bucket, a
+/// contiguous range of that flat gradient, is copied out, run through the hook and copied back;
+/// the result is unflattened once. Overlapping the flattening of bucket `i + 1` with the
+/// communication of bucket `i` on a helper thread was measured in `benches/bucket_overlap.rs`
+/// and did not pay on the 2-core dev machine (0.99-1.04x of this path's time), so the
+/// simple path is kept.
 #[derive(Debug, Clone, Default)]
 pub struct GradientReducer {
     caps: BucketCaps,
@@ -77,15 +78,15 @@ impl GradientReducer {
             .plan
             .as_ref()
             .is_none_or(|p| p.params != params || p.element_bytes != element_bytes);
-        if stale {
-            tracing::debug!(
-                params = params.len(),
-                "planning gradient buckets for a new module layout"
-            );
-        }
         let plan = match self.plan.take() {
             Some(plan) if !stale => plan,
-            _ => BucketPlan::new(params, element_bytes, self.caps),
+            _ => {
+                tracing::debug!(
+                    params = params.len(),
+                    "planning gradient buckets for a new module layout"
+                );
+                BucketPlan::new(params, element_bytes, self.caps)
+            }
         };
         (selection, self.plan.insert(plan))
     }
@@ -113,46 +114,30 @@ impl GradientReducer {
         let mut flat = flatten_grads(module, &grads, &selection)?;
         let count = plan.buckets.len();
         for (i, spec) in plan.buckets.iter().enumerate() {
+            let range = spec.flat_offset..spec.flat_offset + spec.len;
             let data = match &flat.buffer {
-                FlatBuffer::F32(v) => BucketData::F32(gather(v, spec)),
-                FlatBuffer::F64(v) => BucketData::F64(gather(v, spec)),
+                FlatBuffer::F32(v) => BucketData::F32(v[range.clone()].to_vec()),
+                FlatBuffer::F64(v) => BucketData::F64(v[range.clone()].to_vec()),
             };
             let mut bucket = GradBucket::with_params(i, i + 1 == count, data, spec.bucket_params());
-            let element_type = bucket.element_type();
+            let given = bucket.element_type();
             hook.run(&mut bucket)?;
             let returned = (bucket.len(), bucket.element_type());
             match (&mut flat.buffer, bucket.into_data()) {
                 (FlatBuffer::F32(v), BucketData::F32(b)) if b.len() == spec.len => {
-                    scatter(v, spec, &b)
+                    v[range].copy_from_slice(&b)
                 }
                 (FlatBuffer::F64(v), BucketData::F64(b)) if b.len() == spec.len => {
-                    scatter(v, spec, &b)
+                    v[range].copy_from_slice(&b)
                 }
                 _ => {
                     return Err(HookError::InvalidBucket(format!(
                         "hook {hook:?} returned bucket {i} with {} {} elements; it was given {} {} elements",
-                        returned.0, returned.1, spec.len, element_type
+                        returned.0, returned.1, spec.len, given
                     )));
                 }
             }
         }
         Ok(grads_from_flat(module, &flat)?)
-    }
-}
-
-/// Copy a bucket's parameters out of the traversal-order flat buffer, in bucket order.
-fn gather<T: Copy>(flat: &[T], spec: &BucketSpec) -> Vec<T> {
-    let mut out = Vec::with_capacity(spec.len);
-    for p in &spec.params {
-        out.extend_from_slice(&flat[p.flat_offset..p.flat_offset + p.len]);
-    }
-    out
-}
-
-/// Copy a communicated bucket back into the flat buffer.
-fn scatter<T: Copy>(flat: &mut [T], spec: &BucketSpec, bucket: &[T]) {
-    for p in &spec.params {
-        flat[p.flat_offset..p.flat_offset + p.len]
-            .copy_from_slice(&bucket[p.bucket_offset..p.bucket_offset + p.len]);
     }
 }

@@ -1,4 +1,4 @@
-//! Bucket plans: reverse traversal order, whole parameters, byte caps (1 MiB first / 25 MiB rest
+//! Bucket plans: formed in reverse traversal order, whole parameters, byte caps (1 MiB first / 25 MiB rest
 //! by default), the last-bucket flag, frozen parameters left out, and what the hook sees.
 
 use burn::module::{Module, Param, ParamId};
@@ -38,12 +38,12 @@ fn default_caps_are_pytorch_ddp_defaults() {
 }
 
 #[test]
-fn small_model_fits_one_bucket_in_reverse_order() {
+fn small_model_fits_one_bucket() {
     let device = Device::flex().autodiff();
     let model = mlp(&device);
     let mut reducer = GradientReducer::new(BucketCaps::default());
     let plan = reducer.plan(&model);
-    assert_eq!(bucket_indexes(plan), vec![vec![3, 2, 1, 0]]);
+    assert_eq!(bucket_indexes(plan), vec![vec![0, 1, 2, 3]]);
     assert_eq!(plan.buckets[0].len, 4 + 64 + 16 + 128);
     assert_eq!(plan.buckets[0].bytes, 4 * 212);
     let offsets: Vec<usize> = plan.buckets[0]
@@ -51,7 +51,7 @@ fn small_model_fits_one_bucket_in_reverse_order() {
         .iter()
         .map(|p| p.bucket_offset)
         .collect();
-    assert_eq!(offsets, vec![0, 4, 68, 84]);
+    assert_eq!(offsets, vec![0, 128, 144, 208]);
 }
 
 #[test]
@@ -66,7 +66,10 @@ fn caps_cut_at_parameter_boundaries_first_cap_then_rest() {
         rest_bytes: 400,
     });
     let plan = reducer.plan(&model);
-    assert_eq!(bucket_indexes(plan), vec![vec![3, 2], vec![1], vec![0]]);
+    assert_eq!(bucket_indexes(plan), vec![vec![2, 3], vec![1], vec![0]]);
+    // Each bucket is one contiguous range of the traversal-order flat gradient.
+    let starts: Vec<usize> = plan.buckets.iter().map(|b| b.flat_offset).collect();
+    assert_eq!(starts, vec![144, 128, 0]);
     let lens: Vec<usize> = plan.buckets.iter().map(|b| b.len).collect();
     assert_eq!(lens, vec![68, 16, 128]);
 }
@@ -82,14 +85,14 @@ fn first_cap_applies_only_to_the_first_bucket() {
             rest_bytes: 80,
         },
     );
-    assert_eq!(bucket_indexes(&plan), vec![vec![3], vec![2, 1], vec![0]]);
+    assert_eq!(bucket_indexes(&plan), vec![vec![3], vec![1, 2], vec![0]]);
     // Flat offsets refer to the traversal-order flat buffer.
     let flat: Vec<Vec<usize>> = plan
         .buckets
         .iter()
         .map(|b| b.params.iter().map(|p| p.flat_offset).collect())
         .collect();
-    assert_eq!(flat, vec![vec![30], vec![20, 10], vec![0]]);
+    assert_eq!(flat, vec![vec![30], vec![10, 20], vec![0]]);
     // f64 elements are 8 bytes: every parameter (80 bytes) exceeds the first cap alone.
     let wide = BucketPlan::new(
         vec![(0, 10), (1, 10), (2, 10)],
@@ -99,7 +102,7 @@ fn first_cap_applies_only_to_the_first_bucket() {
             rest_bytes: 160,
         },
     );
-    assert_eq!(bucket_indexes(&wide), vec![vec![2], vec![1, 0]]);
+    assert_eq!(bucket_indexes(&wide), vec![vec![2], vec![0, 1]]);
 }
 
 #[test]
@@ -111,7 +114,7 @@ fn frozen_parameters_are_not_in_the_layout_and_the_plan_follows_changes() {
     model.fc1 = model.fc1.no_grad();
     let plan = reducer.plan(&model);
     assert_eq!(plan.params, vec![(2, 64), (3, 4)]);
-    assert_eq!(bucket_indexes(plan), vec![vec![3, 2]]);
+    assert_eq!(bucket_indexes(plan), vec![vec![2, 3]]);
 }
 
 /// Records what the reducer hands to a hook and leaves the bucket unchanged.
@@ -154,7 +157,7 @@ fn grads_with(model: &Mlp, values: [Option<f32>; 4]) -> GradientsParams {
 }
 
 #[test]
-fn hook_sees_buckets_in_order_with_last_flag_and_reverse_contents() {
+fn hook_sees_buckets_in_order_with_last_flag_and_their_contents() {
     let device = Device::flex().autodiff();
     let model = mlp(&device);
     let mut reducer = GradientReducer::new(BucketCaps {
@@ -171,8 +174,8 @@ fn hook_sees_buckets_in_order_with_last_flag_and_reverse_contents() {
         .map(|b| (b.index(), b.is_last(), b.len()))
         .collect();
     assert_eq!(seen, vec![(0, false, 68), (1, false, 16), (2, true, 128)]);
-    let mut first = vec![4.0f32; 4];
-    first.extend([3.0; 64]);
+    let mut first = vec![3.0f32; 64];
+    first.extend([4.0; 4]);
     assert_eq!(hook.seen[0].data(), &BucketData::F32(first));
     assert_eq!(hook.seen[1].data(), &BucketData::F32(vec![0.0; 16]));
     assert_eq!(hook.seen[2].data(), &BucketData::F32(vec![1.0; 128]));
@@ -181,7 +184,7 @@ fn hook_sees_buckets_in_order_with_last_flag_and_reverse_contents() {
         .iter()
         .map(|p| (p.index, p.offset, p.len))
         .collect();
-    assert_eq!(params, vec![(3, 0, 4), (2, 4, 64)]);
+    assert_eq!(params, vec![(2, 0, 64), (3, 64, 4)]);
     // Every trainable parameter comes back with a gradient, the unused one as zeros.
     assert_eq!(out.len(), 4);
     let b1: Tensor<1> = out.get(model.fc1.bias.as_ref().unwrap().id).unwrap();

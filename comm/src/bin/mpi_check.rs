@@ -12,7 +12,8 @@
 //!   others' watchdog must abort the job after SECS seconds.
 //! - `abort-rank R`: rank R calls `MpiWorld::abort(3)` while the others wait in an all-reduce
 //!   (the job must end at once with exit code 3).
-//! - `bench`: all-reduce throughput at 1M and 16M f32; rank 0 prints `BENCH ...` lines.
+//! - `bench [--signature-check]`: all-reduce time of 1 f32 (latency) and throughput at 1M and
+//!   16M f32; rank 0 prints `BENCH ...` lines.
 
 use half::{bf16, f16};
 use localsgd_comm::mpi::{MpiConfig, MpiWorld};
@@ -38,7 +39,7 @@ fn main() -> ExitCode {
             value("--timeout").unwrap_or(3),
         ),
         "abort-rank" => abort_rank(args.get(1).and_then(|v| v.parse().ok()).unwrap_or(1)),
-        "bench" => bench(),
+        "bench" => bench(flag("--signature-check")),
         other => Err(format!(
             "unknown mode {other:?}; valid: check, kill-rank, hang-rank, abort-rank, bench"
         )),
@@ -533,11 +534,15 @@ fn abort_rank(victim: usize) -> Result<(), String> {
     Err("the all-reduce completed without the aborting rank".into())
 }
 
-fn bench() -> Result<(), String> {
-    let (_world, g) = init(MpiConfig::default())?;
-    for len in [1usize << 20, 16 << 20] {
+fn bench(signature_check: bool) -> Result<(), String> {
+    let (_world, g) = init(MpiConfig::default().with_signature_check(signature_check))?;
+    for len in [1usize, 1 << 20, 16 << 20] {
         let mut buf = vec![g.rank() as f32; len];
-        let iters = if len <= 1 << 20 { 50 } else { 10 };
+        let iters = match len {
+            1 => 2000,
+            l if l <= 1 << 20 => 50,
+            _ => 10,
+        };
         g.all_reduce_slice(&mut buf, ReduceOp::Sum)
             .map_err(|e| e.to_string())?;
         let mut best = Duration::MAX;
@@ -556,7 +561,8 @@ fn bench() -> Result<(), String> {
         }
         if g.rank() == 0 {
             println!(
-                "BENCH mpi ranks={} floats={len} time_per_allreduce_us={:.1} throughput_gbps={:.2}",
+                "BENCH mpi ranks={} signature_check={signature_check} floats={len} \
+                 time_per_allreduce_us={:.1} throughput_gbps={:.2}",
                 g.size(),
                 best.as_secs_f64() * 1e6,
                 (len * 4) as f64 / best.as_secs_f64() / 1e9
