@@ -6,10 +6,10 @@
 //! - `overlapped`: the alternative: flatten bucket `i + 1` (its own `flatten_grads` call) on the
 //!   rank's thread while a helper thread all-reduces bucket `i`, then unflatten once.
 //!
-//! Measured on the 2-core dev machine (busy with parallel builds, load ~4-5): overlapped /
-//! sequential = 1.03, 0.99, 1.04 over three runs (569/553, 435/441, 669/642 ms; two earlier runs
-//! against a sequential variant with per-parameter copies gave 0.89 and 0.87). Overlap does not
-//! pay here, so the library keeps the simple sequential path. Run with
+//! Measured on the 2-core dev machine (busy with parallel builds, load ~4-5), overlapped /
+//! sequential time ratios over six runs: 1.03, 0.99, 1.04, 0.81, 0.99, 1.20 (mean ~1.01; two
+//! earlier runs against a sequential variant with per-parameter copies gave 0.89 and 0.87).
+//! Overlap does not pay here, so the library keeps the simple sequential path. Run with
 //! `cargo bench -p localsgd-hooks`.
 
 use burn::module::{Module, ModuleVisitor, Param};

@@ -22,8 +22,8 @@ use localsgd_comm::params::{
 /// contiguous range of that flat gradient, is copied out, run through the hook and copied back;
 /// the result is unflattened once. Overlapping the flattening of bucket `i + 1` with the
 /// communication of bucket `i` on a helper thread was measured in `benches/bucket_overlap.rs`
-/// and did not pay on the 2-core dev machine (0.99-1.04x of this path's time), so the
-/// simple path is kept.
+/// and did not pay on the 2-core dev machine (mean ~1.01x of this path's time over six runs),
+/// so the simple path is kept.
 #[derive(Debug, Clone, Default)]
 pub struct GradientReducer {
     caps: BucketCaps,
