@@ -138,7 +138,8 @@ fn one_fused_all_reduce_per_call_carrying_only_selected_params() {
             t,
             Traffic {
                 collectives: 2,
-                bytes: 4 * 8 + 5 * 4
+                bytes: 4 * 8 + 5 * 4,
+                data_bytes: 5 * 4,
             }
         );
     }

@@ -4,45 +4,24 @@
 //! Target (issue 2): at 16M floats and 2 workers, all-reduce throughput (buffer bytes / time) at
 //! least half the memcpy bandwidth (bytes copied / time). Run with `cargo bench -p localsgd-comm`.
 
-use criterion::{Criterion, Throughput, black_box};
-use localsgd_comm::{GroupExt, ReduceOp, ThreadWorld};
-use std::time::{Duration, Instant};
+use criterion::{Criterion, Throughput};
+use localsgd_comm::ThreadWorld;
+use localsgd_comm::throughput::{allreduce_time as group_allreduce_time, gbps, memcpy_time};
+use std::time::Duration;
 
 const N: usize = 16 << 20;
 
-fn memcpy_time(iters: u64) -> Duration {
-    let src = vec![1.0f32; N];
-    let mut dst = vec![0.0f32; N];
-    dst.copy_from_slice(&src); // fault pages in
-    let start = Instant::now();
-    for _ in 0..iters {
-        dst.copy_from_slice(black_box(&src));
-        black_box(&mut dst);
-    }
-    start.elapsed()
-}
-
+/// `iters` all-reduces of `len` floats on `workers` threads; the slowest worker's time.
 fn allreduce_time(workers: usize, len: usize, iters: u64) -> Duration {
     let times = ThreadWorld::new(workers)
         .expect("workers > 0")
         .run(|g| {
             let mut buf = vec![g.rank() as f32; len];
-            g.all_reduce_slice(&mut buf, ReduceOp::Sum)
-                .expect("warm-up all-reduce");
-            g.barrier().expect("barrier");
-            let start = Instant::now();
-            for _ in 0..iters {
-                g.all_reduce_slice(&mut buf, ReduceOp::Sum)
-                    .expect("all-reduce");
-            }
-            start.elapsed()
+            group_allreduce_time(g.as_ref(), &mut buf, 1).expect("warm-up all-reduce");
+            group_allreduce_time(g.as_ref(), &mut buf, iters).expect("all-reduce")
         })
         .expect("no worker panics");
     times.into_iter().max().unwrap_or_default()
-}
-
-fn gbps(bytes: usize, iters: u64, t: Duration) -> f64 {
-    bytes as f64 * iters as f64 / t.as_secs_f64() / 1e9
 }
 
 fn best_of(reps: usize, mut f: impl FnMut() -> Duration) -> Duration {
@@ -58,7 +37,7 @@ fn main() {
     {
         let mut g = c.benchmark_group("memcpy");
         g.throughput(Throughput::Bytes(bytes as u64));
-        g.bench_function("16M f32", |b| b.iter_custom(memcpy_time));
+        g.bench_function("16M f32", |b| b.iter_custom(|iters| memcpy_time(N, iters)));
         g.finish();
     }
     {
@@ -78,7 +57,7 @@ fn main() {
     c.final_summary();
 
     // The ratio the issue asks for, from one run: best of 5 repetitions of 10 operations each.
-    let memcpy = gbps(bytes, 10, best_of(5, || memcpy_time(10)));
+    let memcpy = gbps(bytes, 10, best_of(5, || memcpy_time(N, 10)));
     let allreduce = gbps(bytes, 10, best_of(5, || allreduce_time(2, N, 10)));
     println!(
         "16M f32: memcpy {memcpy:.2} GB/s, thread all-reduce (2 workers) {allreduce:.2} GB/s, ratio {:.2} (target >= 0.5)",

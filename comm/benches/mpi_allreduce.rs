@@ -5,42 +5,18 @@
 //! `mpirun`). Throughput is buffer bytes / time per all-reduce, best of 5 repetitions, slowest
 //! rank. MPI initialises once per process, so the MPI side runs the `mpi_check bench` driver.
 
-use localsgd_comm::{GroupExt, ReduceOp, ThreadWorld};
+use localsgd_comm::ThreadWorld;
+use localsgd_comm::throughput::{allreduce_gbps, default_iters};
 use std::process::Command;
-use std::time::{Duration, Instant};
 
 const SIZES: [usize; 2] = [1 << 20, 16 << 20];
 
-fn thread_allreduce(len: usize) -> Duration {
-    let iters: u32 = if len <= 1 << 20 { 50 } else { 10 };
-    let per_rep = ThreadWorld::new(2)
+/// Thread backend, 2 workers: GB/s by the same definition as `mpi_check bench`.
+fn thread_gbps(len: usize) -> f64 {
+    ThreadWorld::new(2)
         .expect("2 workers")
-        .run(|g| {
-            let mut buf = vec![g.rank() as f32; len];
-            g.all_reduce_slice(&mut buf, ReduceOp::Sum)
-                .expect("warm-up");
-            (0..5)
-                .map(|_| {
-                    g.barrier().expect("barrier");
-                    let start = Instant::now();
-                    for _ in 0..iters {
-                        g.all_reduce_slice(&mut buf, ReduceOp::Sum)
-                            .expect("all-reduce");
-                    }
-                    start.elapsed() / iters
-                })
-                .collect::<Vec<_>>()
-        })
-        .expect("no worker panics");
-    // Per repetition the slowest worker counts; then the best repetition.
-    (0..5)
-        .map(|rep| per_rep.iter().map(|r| r[rep]).max().unwrap_or_default())
-        .min()
-        .unwrap_or_default()
-}
-
-fn gbps(len: usize, t: Duration) -> f64 {
-    (len * 4) as f64 / t.as_secs_f64() / 1e9
+        .run(|g| allreduce_gbps(g.as_ref(), len, default_iters(len), 5).expect("all-reduce"))
+        .expect("no worker panics")[0]
 }
 
 fn main() {
@@ -79,12 +55,11 @@ fn main() {
             .and_then(|l| l.rsplit("throughput_gbps=").next())
             .and_then(|v| v.trim().parse::<f64>().ok())
             .expect("a BENCH line for every size");
-        let t = thread_allreduce(len);
+        let threads = thread_gbps(len);
         println!(
-            "{len:>10} {:>12.1} {mpi_gbps:>12.2} {:>12.1} {:>12.2}",
+            "{len:>10} {:>12.1} {mpi_gbps:>12.2} {:>12.1} {threads:>12.2}",
             (len * 4) as f64 / mpi_gbps / 1e3,
-            t.as_secs_f64() * 1e6,
-            gbps(len, t)
+            (len * 4) as f64 / threads / 1e3,
         );
     }
 }

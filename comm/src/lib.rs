@@ -31,13 +31,18 @@ pub mod error;
 pub mod group;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+#[cfg(feature = "nccl")]
+pub mod nccl;
 pub mod params;
 pub mod signature;
 pub mod thread;
+pub mod throughput;
 pub mod traffic;
 
 #[cfg(feature = "mpi")]
 pub use self::mpi::{MpiConfig, MpiGroup, MpiWorld};
+#[cfg(feature = "nccl")]
+pub use self::nccl::{NcclConfig, NcclGroup, NcclWorld};
 pub use buffer::{BufferMut, Element, ElementType};
 pub use error::CommError;
 pub use group::{Group, GroupExt, ProcessGroup, validate_subgroup_size};

@@ -1,5 +1,9 @@
-//! Per-group traffic accounting: number of collectives and payload bytes.
+//! Per-group traffic accounting: number of collectives and payload bytes, with the model and
+//! gradient data (float all-reduces and broadcasts) counted apart from control traffic (the
+//! `u64` all-gathers that agree on flags and fingerprints).
 
+use crate::buffer::ElementType;
+use crate::signature::CallSignature;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -10,6 +14,10 @@ pub struct Traffic {
     pub collectives: u64,
     /// Payload bytes this rank contributed to those collectives (buffer length x element size).
     pub bytes: u64,
+    /// The part of `bytes` that is float data (all-reduces and broadcasts of `f32`, `f64`, `f16`,
+    /// `bf16` buffers: gradients, parameters, losses). The rest is control traffic: `u64`
+    /// all-gathers (has-data flags, parameter-set fingerprints, subgroup creation).
+    pub data_bytes: u64,
 }
 
 impl std::ops::Sub for Traffic {
@@ -18,6 +26,7 @@ impl std::ops::Sub for Traffic {
         Traffic {
             collectives: self.collectives - rhs.collectives,
             bytes: self.bytes - rhs.bytes,
+            data_bytes: self.data_bytes - rhs.data_bytes,
         }
     }
 }
@@ -27,6 +36,7 @@ impl std::ops::Sub for Traffic {
 pub struct TrafficCounter {
     collectives: AtomicU64,
     bytes: AtomicU64,
+    data_bytes: AtomicU64,
 }
 
 impl TrafficCounter {
@@ -35,6 +45,7 @@ impl TrafficCounter {
         Traffic {
             collectives: self.collectives.load(Ordering::Relaxed),
             bytes: self.bytes.load(Ordering::Relaxed),
+            data_bytes: self.data_bytes.load(Ordering::Relaxed),
         }
     }
 }
@@ -62,11 +73,19 @@ impl TrafficChain {
         Self { counters }
     }
 
-    /// Record one collective of `bytes` payload bytes.
-    pub fn record(&self, bytes: u64) {
+    /// Record one collective (its payload, and whether that payload is float data).
+    pub fn record(&self, sig: &CallSignature) {
+        let bytes = sig.payload_bytes();
+        let data = match sig.element {
+            Some(ElementType::F32 | ElementType::F64 | ElementType::F16 | ElementType::BF16) => {
+                bytes
+            }
+            Some(ElementType::U64) | None => 0,
+        };
         for c in &self.counters {
             c.collectives.fetch_add(1, Ordering::Relaxed);
             c.bytes.fetch_add(bytes, Ordering::Relaxed);
+            c.data_bytes.fetch_add(data, Ordering::Relaxed);
         }
     }
 

@@ -407,27 +407,50 @@ impl CheckpointDir {
         identity: &RunIdentity,
     ) -> Result<RankCheckpoint, CheckpointError> {
         let dir = self.latest()?;
+        // The manifest first: a run with more ranks than the checkpoint has rank files must get
+        // the world-size message on every rank, not "file not found" on the extra ranks.
+        let manifest_path = dir.join("manifest.json");
+        let manifest = fs::read(&manifest_path).map_err(io(&manifest_path))?;
+        let saved: RunIdentity = serde_json::from_slice::<serde_json::Value>(&manifest)
+            .ok()
+            .and_then(|m| serde_json::from_value(m.get("identity")?.clone()).ok())
+            .ok_or_else(|| {
+                CheckpointError::Incompatible(format!(
+                    "{} is not a valid checkpoint manifest (no run identity)",
+                    manifest_path.display()
+                ))
+            })?;
+        check_identity(&dir, &saved, identity)?;
         let path = dir.join(format!("rank-{rank}.ckpt"));
         let bytes = fs::read(&path).map_err(io(&path))?;
         let ckpt = RankCheckpoint::decode(&path, &bytes)?;
-        let saved = &ckpt.meta.identity;
-        if saved.world_size != identity.world_size {
-            return Err(CheckpointError::Incompatible(format!(
-                "the checkpoint in {} was written by {} workers, this run has {} (use `workers = {}`)",
-                dir.display(),
-                saved.world_size,
-                identity.world_size,
-                saved.world_size
-            )));
-        }
-        if saved.algorithm != identity.algorithm {
-            return Err(CheckpointError::Incompatible(format!(
-                "the checkpoint in {} was written with algorithm settings [{}], this run has [{}]",
-                dir.display(),
-                saved.algorithm,
-                identity.algorithm
-            )));
-        }
+        check_identity(&dir, &ckpt.meta.identity, identity)?;
         Ok(ckpt)
     }
+}
+
+/// Refuse a checkpoint written by a run with another world size or algorithm settings.
+fn check_identity(
+    dir: &Path,
+    saved: &RunIdentity,
+    identity: &RunIdentity,
+) -> Result<(), CheckpointError> {
+    if saved.world_size != identity.world_size {
+        return Err(CheckpointError::Incompatible(format!(
+            "the checkpoint in {} was written by {} workers, this run has {} (use `workers = {}`)",
+            dir.display(),
+            saved.world_size,
+            identity.world_size,
+            saved.world_size
+        )));
+    }
+    if saved.algorithm != identity.algorithm {
+        return Err(CheckpointError::Incompatible(format!(
+            "the checkpoint in {} was written with algorithm settings [{}], this run has [{}]",
+            dir.display(),
+            saved.algorithm,
+            identity.algorithm
+        )));
+    }
+    Ok(())
 }

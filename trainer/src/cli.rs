@@ -2,7 +2,8 @@
 //! TOML key. A flag overrides the file, which overrides the defaults.
 
 use crate::config::{
-    AlgorithmKind, Backend, Compression, DatasetKind, MetricsFormat, OptimizerKind, TrainConfig,
+    AlgorithmKind, Backend, Compression, DatasetKind, DeviceKind, MetricsFormat, OptimizerKind,
+    TrainConfig,
 };
 use std::path::PathBuf;
 
@@ -18,6 +19,9 @@ pub struct ConfigFlags {
     /// Process-group backend.
     #[arg(long, value_enum)]
     pub backend: Option<Backend>,
+    /// Compute device of each rank.
+    #[arg(long, value_enum)]
+    pub device: Option<DeviceKind>,
     /// Training algorithm.
     #[arg(long, value_enum)]
     pub algorithm: Option<AlgorithmKind>,
@@ -123,6 +127,22 @@ macro_rules! overlay {
 }
 
 impl ConfigFlags {
+    /// Whether `workers` was given explicitly (as a flag or in the config file). Under MPI an
+    /// unset `workers` means "the MPI world size"; a given one must match it.
+    pub fn workers_given(&self) -> Result<bool, String> {
+        if self.workers.is_some() {
+            return Ok(true);
+        }
+        let Some(path) = &self.config else {
+            return Ok(false);
+        };
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read config file {}: {e}", path.display()))?;
+        let table: toml::Table =
+            toml::from_str(&text).map_err(|e| format!("config file {}: {e}", path.display()))?;
+        Ok(table.contains_key("workers"))
+    }
+
     /// Defaults, then the config file, then the flags.
     pub fn resolve(&self) -> Result<TrainConfig, String> {
         let mut cfg = match &self.config {
@@ -135,6 +155,7 @@ impl ConfigFlags {
             flags,
             workers,
             backend,
+            device,
             algorithm,
             warmup,
             period,

@@ -14,6 +14,17 @@ pub enum Backend {
     Mpi,
 }
 
+/// Where each rank computes forward/backward and the optimizer step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum DeviceKind {
+    /// burn's pure-Rust `flex` CPU backend (the default; needs nothing installed).
+    Cpu,
+    /// burn's CUDA backend, one GPU per rank (the rank's index among the ranks on its host).
+    /// Needs a binary built with the trainer feature `cuda`.
+    Cuda,
+}
+
 /// The training algorithm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
@@ -77,10 +88,13 @@ pub enum MetricsFormat {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
 pub struct TrainConfig {
-    /// Number of workers (ranks). With `backend = "mpi"` it must equal the MPI world size.
+    /// Number of workers (ranks). With `backend = "mpi"` it defaults to the MPI world size
+    /// (`mpirun -np N`); a value given explicitly must equal it.
     pub workers: usize,
     /// Process-group backend.
     pub backend: Backend,
+    /// Compute device of each rank.
+    pub device: DeviceKind,
     /// Training algorithm.
     pub algorithm: AlgorithmKind,
     /// Iterations of global gradient averaging before local steps start; also the averager's
@@ -156,6 +170,7 @@ impl Default for TrainConfig {
         Self {
             workers: 2,
             backend: Backend::Threads,
+            device: DeviceKind::Cpu,
             algorithm: AlgorithmKind::PostLocalSgd,
             warmup: 50,
             period: 4,
@@ -264,6 +279,13 @@ impl TrainConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.workers == 0 {
             return Err(bad("workers", 0, "at least 1 worker"));
+        }
+        if self.device == DeviceKind::Cuda && !cfg!(feature = "cuda") {
+            return Err(bad(
+                "device",
+                "cuda",
+                "`cpu`: this binary was built without CUDA support; rebuild with `cargo build -p localsgd-trainer --features cuda` on a machine with the CUDA toolkit",
+            ));
         }
         if self.warmup < 0 {
             return Err(bad(

@@ -5,8 +5,8 @@ use clap::{Parser, Subcommand};
 use localsgd_trainer::cli::ConfigFlags;
 use localsgd_trainer::config::{AlgorithmKind, Backend, TrainConfig};
 use localsgd_trainer::plot::write_loss_svg;
-use localsgd_trainer::run::{self, Progress, WorkerResult};
-use std::path::Path;
+use localsgd_trainer::run::{self, Progress, RunTotals, WorkerResult};
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 #[derive(Parser)]
@@ -26,7 +26,13 @@ enum Command {
     Train(ConfigFlags),
     /// Run ddp, post-local-sgd and hierarchical on the same data and seed; print one table.
     Compare(ConfigFlags),
+    /// Measure all-reduce throughput against this machine's memcpy bandwidth.
+    BenchComm(bench_comm::BenchCommFlags),
 }
+
+mod bench_comm;
+#[cfg(feature = "mpi")]
+mod mpi_train;
 
 fn main() {
     // Library warnings (e.g. "period 1: plain DDP is the better choice") go through `tracing`.
@@ -46,15 +52,16 @@ fn run_cli() -> Result<()> {
     match cli.command {
         Command::Train(flags) => train(&flags),
         Command::Compare(flags) => compare(&flags),
+        Command::BenchComm(flags) => bench_comm::run(&flags),
     }
 }
 
 fn resolve(flags: &ConfigFlags) -> Result<TrainConfig> {
     let cfg = flags.resolve().map_err(anyhow::Error::msg)?;
     cfg.validate()?;
-    if cfg.backend == Backend::Mpi {
+    if cfg.backend == Backend::Mpi && !cfg!(feature = "mpi") {
         bail!(
-            "invalid setting `backend` = mpi: this binary was built without MPI support; rebuild with `--features mpi` and launch under mpirun, or use `backend = \"threads\"`"
+            "invalid setting `backend` = mpi: this binary was built without MPI support; rebuild with `cargo build -p localsgd-trainer --features mpi` and launch under mpirun, or use `backend = \"threads\"`"
         );
     }
     Ok(cfg)
@@ -85,8 +92,22 @@ fn progress_bar(cfg: &TrainConfig) -> Option<Progress> {
 
 fn train(flags: &ConfigFlags) -> Result<()> {
     let cfg = resolve(flags)?;
+    if cfg.backend == Backend::Mpi {
+        #[cfg(feature = "mpi")]
+        return mpi_train::train(flags, cfg);
+    }
     let data = run::load_data(&cfg).context("loading the data set")?;
-    // Everything is validated: only now touch the run directory.
+    let dir = prepare_run_dir(&cfg)?;
+    let started = Instant::now();
+    let results = run::train_threads(&cfg, &data, Some(&dir), progress_bar(&cfg))?;
+    let wall = started.elapsed();
+    let r0 = results.first().context("no worker results")?;
+    report(&cfg, r0, RunTotals::of(&results), wall.as_secs_f64(), &dir)
+}
+
+/// Create the run directory and save the effective configuration. Called only once everything
+/// is validated (and, under MPI, only by rank 0).
+fn prepare_run_dir(cfg: &TrainConfig) -> Result<PathBuf> {
     let dir = cfg.run_dir.clone();
     std::fs::create_dir_all(&dir)
         .with_context(|| format!("creating run directory {}", dir.display()))?;
@@ -97,29 +118,35 @@ fn train(flags: &ConfigFlags) -> Result<()> {
     );
     std::fs::write(dir.join("config.toml"), &effective)
         .with_context(|| format!("writing {}", dir.join("config.toml").display()))?;
-
-    let started = Instant::now();
-    let results = run::train_threads(&cfg, &data, Some(&dir), progress_bar(&cfg))?;
-    let wall = started.elapsed();
-    report(&cfg, &results, wall.as_secs_f64(), &dir)
+    Ok(dir)
 }
 
-fn report(cfg: &TrainConfig, results: &[WorkerResult], wall: f64, dir: &Path) -> Result<()> {
-    let r0 = results.first().context("no worker results")?;
-    let bytes: u64 = results.iter().map(|r| r.traffic.bytes).sum();
-    let collectives: u64 = results.iter().map(|r| r.traffic.collectives).sum();
-    let samples: u64 = results.iter().map(|r| r.samples).sum();
+fn report(
+    cfg: &TrainConfig,
+    r0: &WorkerResult,
+    totals: RunTotals,
+    wall: f64,
+    dir: &Path,
+) -> Result<()> {
+    let RunTotals {
+        bytes,
+        data_bytes,
+        collectives,
+        samples,
+    } = totals;
     println!(
-        "trained {} iterations on {} workers ({:?}) in {:.2}s: {:.0} samples/s",
+        "trained {} iterations on {} workers ({:?}, {:?} backend) in {:.2}s: {:.0} samples/s",
         r0.iterations,
         cfg.workers,
         cfg.algorithm,
+        cfg.backend,
         wall,
         samples as f64 / wall
     );
     println!(
-        "communication: {collectives} collectives, {:.2} MB (all ranks); skipped optimizer steps: {}",
+        "communication: {collectives} collectives, {:.2} MB (all ranks; {:.2} MB of it gradients/parameters/losses, the rest control flags); skipped optimizer steps: {}",
         bytes as f64 / 1e6,
+        data_bytes as f64 / 1e6,
         r0.skipped_steps
     );
     let total = r0.phase_times.total().as_secs_f64().max(1e-9);
@@ -148,8 +175,10 @@ fn report(cfg: &TrainConfig, results: &[WorkerResult], wall: f64, dir: &Path) ->
         "rank0_test_accuracy": r0.local_test_accuracy,
         "iterations": r0.iterations,
         "workers": cfg.workers,
+        "backend": cfg.backend,
         "algorithm": cfg.algorithm,
         "bytes": bytes,
+        "data_bytes": data_bytes,
         "collectives": collectives,
         "wall_seconds": wall,
         "samples_per_second": samples as f64 / wall,

@@ -35,7 +35,7 @@ impl MetricsWriter {
                 .collect();
             writeln!(
                 out,
-                "iteration,epoch,loss,global_loss,lr,skipped_step,collectives,bytes,{}",
+                "iteration,epoch,loss,global_loss,lr,skipped_step,collectives,bytes,data_bytes,{}",
                 phases.join(",")
             )?;
         }
@@ -56,7 +56,7 @@ impl MetricsWriter {
                 let ms: Vec<String> = ms.iter().map(|m| format!("{m:.4}")).collect();
                 writeln!(
                     self.out,
-                    "{},{},{},{},{},{},{},{},{}",
+                    "{},{},{},{},{},{},{},{},{},{}",
                     r.iteration,
                     epoch,
                     r.loss,
@@ -65,6 +65,7 @@ impl MetricsWriter {
                     r.skipped_step,
                     r.traffic.collectives,
                     r.traffic.bytes,
+                    r.traffic.data_bytes,
                     ms.join(",")
                 )
             }
@@ -82,6 +83,7 @@ impl MetricsWriter {
                     "skipped_step": r.skipped_step,
                     "collectives": r.traffic.collectives,
                     "bytes": r.traffic.bytes,
+                    "data_bytes": r.traffic.data_bytes,
                     "phases": phases,
                 });
                 writeln!(self.out, "{row}")

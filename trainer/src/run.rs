@@ -3,7 +3,7 @@
 
 use crate::algorithm::{self, AlgorithmSpec};
 use crate::checkpoint::{CheckpointDir, CheckpointError, RankCheckpoint, RunIdentity};
-use crate::config::{DatasetKind, OptimizerKind, TrainConfig};
+use crate::config::{DatasetKind, DeviceKind, OptimizerKind, TrainConfig};
 use crate::data::{self, DataError, Dataset, ShardSampler, TrainTest};
 use crate::init_weights::{InitWeightsError, load_pytorch_safetensors};
 use crate::metrics::MetricsWriter;
@@ -43,6 +43,9 @@ pub enum RunError {
     /// A collective outside the pipeline failed (setup, evaluation).
     #[error("communication: {0}")]
     Comm(#[from] CommError),
+    /// The configured compute device is not available in this build.
+    #[error("device: {0}")]
+    Device(String),
     /// Writing metrics or plots failed.
     #[error("writing {what}: {message}")]
     Output {
@@ -80,6 +83,69 @@ pub struct WorkerResult {
     pub params: FlatBuffer,
     /// (iteration, loss) of every iteration, for the loss curve (rank 0 only).
     pub loss_curve: Vec<(f64, f64)>,
+}
+
+/// Communication and work summed over every rank of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RunTotals {
+    /// Bytes of collective payload issued, all ranks together.
+    pub bytes: u64,
+    /// The float-data part of `bytes` (gradients, parameters, losses), all ranks together.
+    pub data_bytes: u64,
+    /// Collectives issued, all ranks together.
+    pub collectives: u64,
+    /// Training samples processed, all ranks together.
+    pub samples: u64,
+}
+
+impl RunTotals {
+    /// Sum the results of all ranks of one process (thread backend).
+    pub fn of(results: &[WorkerResult]) -> Self {
+        results.iter().fold(Self::default(), |t, r| Self {
+            bytes: t.bytes + r.traffic.bytes,
+            data_bytes: t.data_bytes + r.traffic.data_bytes,
+            collectives: t.collectives + r.traffic.collectives,
+            samples: t.samples + r.samples,
+        })
+    }
+
+    /// Sum one rank's result over the group (one small all-gather; one process per rank).
+    pub fn gather(group: &Group, mine: &WorkerResult) -> Result<Self, RunError> {
+        let all = group.all_gather_u64(&[
+            mine.traffic.bytes,
+            mine.traffic.data_bytes,
+            mine.traffic.collectives,
+            mine.samples,
+        ])?;
+        Ok(all.chunks(4).fold(Self::default(), |t, c| Self {
+            bytes: t.bytes + c[0],
+            data_bytes: t.data_bytes + c[1],
+            collectives: t.collectives + c[2],
+            samples: t.samples + c[3],
+        }))
+    }
+}
+
+/// The autodiff device a rank computes on: burn's `flex` CPU backend, or (trainer feature `cuda`)
+/// the GPU whose index is the rank's position among the ranks on its host (one GPU per rank).
+pub fn compute_device(kind: DeviceKind, group: &Group) -> Result<Device, RunError> {
+    match kind {
+        DeviceKind::Cpu => Ok(Device::flex().autodiff()),
+        DeviceKind::Cuda => cuda_device(group),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_device(group: &Group) -> Result<Device, RunError> {
+    let local_rank = group.intra_node()?.rank();
+    Ok(Device::cuda(local_rank).autodiff())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_device(_group: &Group) -> Result<Device, RunError> {
+    Err(RunError::Device(
+        "`cuda` needs a binary built with the trainer feature `cuda`; use `cpu`".into(),
+    ))
 }
 
 /// Load the configured data set.
@@ -248,7 +314,7 @@ pub fn train_worker(
 ) -> Result<WorkerResult, RunError> {
     let rank = group.rank();
     let world = group.size();
-    let device = Device::flex().autodiff();
+    let device = compute_device(cfg.device, &group)?;
     let mcfg = model_config(cfg, &data.train);
     let mut model = match &cfg.init_weights {
         Some(path) => load_pytorch_safetensors(path, &mcfg, &device)?,

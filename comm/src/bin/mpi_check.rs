@@ -17,6 +17,7 @@
 
 use half::{bf16, f16};
 use localsgd_comm::mpi::{MpiConfig, MpiWorld};
+use localsgd_comm::throughput::{allreduce_gbps, default_iters};
 use localsgd_comm::{CommError, Group, GroupExt, ReduceOp};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -537,35 +538,14 @@ fn abort_rank(victim: usize) -> Result<(), String> {
 fn bench(signature_check: bool) -> Result<(), String> {
     let (_world, g) = init(MpiConfig::default().with_signature_check(signature_check))?;
     for len in [1usize, 1 << 20, 16 << 20] {
-        let mut buf = vec![g.rank() as f32; len];
-        let iters = match len {
-            1 => 2000,
-            l if l <= 1 << 20 => 50,
-            _ => 10,
-        };
-        g.all_reduce_slice(&mut buf, ReduceOp::Sum)
-            .map_err(|e| e.to_string())?;
-        let mut best = Duration::MAX;
-        for _ in 0..5 {
-            g.barrier().map_err(|e| e.to_string())?;
-            let start = Instant::now();
-            for _ in 0..iters {
-                g.all_reduce_slice(&mut buf, ReduceOp::Sum)
-                    .map_err(|e| e.to_string())?;
-            }
-            // The slowest rank's time counts.
-            let mine = start.elapsed().as_nanos() as u64;
-            let all = g.all_gather_u64(&[mine]).map_err(|e| e.to_string())?;
-            let slowest = Duration::from_nanos(all.into_iter().max().unwrap_or(mine));
-            best = best.min(slowest / iters);
-        }
+        let iters = default_iters(len);
+        let gbps = allreduce_gbps(g.as_ref(), len, iters, 5).map_err(|e| e.to_string())?;
         if g.rank() == 0 {
             println!(
                 "BENCH mpi ranks={} signature_check={signature_check} floats={len} \
-                 time_per_allreduce_us={:.1} throughput_gbps={:.2}",
+                 time_per_allreduce_us={:.1} throughput_gbps={gbps:.2}",
                 g.size(),
-                best.as_secs_f64() * 1e6,
-                (len * 4) as f64 / best.as_secs_f64() / 1e9
+                (len * 4) as f64 / (gbps * 1e9) * 1e6,
             );
         }
     }

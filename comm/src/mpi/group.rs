@@ -135,7 +135,7 @@ impl MpiGroup {
             self.check_signature(&sig)?;
         }
         let out = body()?;
-        self.traffic.record(sig.payload_bytes());
+        self.traffic.record(&sig);
         Ok(out)
     }
 

@@ -88,7 +88,7 @@ impl ThreadGroup {
         if let Some(failure) = shared.exit(self.rank) {
             return Err(shared.failure_error(&failure, &sig));
         }
-        self.traffic.record(sig.payload_bytes());
+        self.traffic.record(&sig);
         result
     }
 

@@ -1,0 +1,99 @@
+//! Throughput measurements shared by the criterion benches, the `mpi_check bench` driver and
+//! `localsgd bench-comm`: one definition of "all-reduce throughput" and of the memcpy bandwidth
+//! it is compared against.
+//!
+//! - memcpy bandwidth: bytes copied / time, one thread, `len` `f32` values, pages faulted in
+//!   before timing.
+//! - all-reduce throughput: buffer bytes / time per all-reduce (sum, in place), where the time
+//!   of a repetition is the **slowest** rank's, and the result is the best of the repetitions.
+//!
+//! ```
+//! use localsgd_comm::ThreadWorld;
+//! use localsgd_comm::throughput::{allreduce_gbps, memcpy_gbps};
+//!
+//! let memcpy = memcpy_gbps(1 << 16, 20, 3);
+//! let allreduce = ThreadWorld::new(2)?.run(|g| allreduce_gbps(g.as_ref(), 1 << 16, 20, 3))?;
+//! assert!(memcpy > 0.0);
+//! assert_eq!(allreduce[0], allreduce[1]); // every rank reports the slowest rank's figure
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use crate::error::CommError;
+use crate::group::{GroupExt, ProcessGroup};
+use crate::signature::ReduceOp;
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+/// Time `iters` single-thread copies of `len` `f32` values (one warm-up copy first).
+pub fn memcpy_time(len: usize, iters: u64) -> Duration {
+    let src = vec![1.0f32; len];
+    let mut dst = vec![0.0f32; len];
+    dst.copy_from_slice(&src);
+    let start = Instant::now();
+    for _ in 0..iters {
+        dst.copy_from_slice(black_box(&src));
+        black_box(&mut dst);
+    }
+    start.elapsed()
+}
+
+/// Single-thread memcpy bandwidth in GB/s (10^9 bytes): best of `reps` runs of `iters` copies.
+pub fn memcpy_gbps(len: usize, iters: u64, reps: usize) -> f64 {
+    let best = (0..reps.max(1))
+        .map(|_| memcpy_time(len, iters))
+        .min()
+        .unwrap_or_default();
+    gbps(len * 4, iters, best)
+}
+
+/// Collective: time `iters` in-place sum all-reduces of `buf` on every rank, after a barrier.
+/// Returns the slowest rank's time (the same value on every rank).
+pub fn allreduce_time(
+    group: &dyn ProcessGroup,
+    buf: &mut [f32],
+    iters: u64,
+) -> Result<Duration, CommError> {
+    group.barrier()?;
+    let start = Instant::now();
+    for _ in 0..iters {
+        group.all_reduce_slice(buf, ReduceOp::Sum)?;
+    }
+    let mine = start.elapsed().as_nanos() as u64;
+    let all = group.all_gather_u64(&[mine])?;
+    Ok(Duration::from_nanos(all.into_iter().max().unwrap_or(mine)))
+}
+
+/// Collective: all-reduce throughput in GB/s of a `len`-float buffer: one warm-up all-reduce,
+/// then the best of `reps` repetitions of `iters` all-reduces, each timed on the slowest rank.
+pub fn allreduce_gbps(
+    group: &dyn ProcessGroup,
+    len: usize,
+    iters: u64,
+    reps: usize,
+) -> Result<f64, CommError> {
+    let mut buf = vec![group.rank() as f32; len];
+    group.all_reduce_slice(&mut buf, ReduceOp::Sum)?;
+    let mut best = Duration::MAX;
+    for _ in 0..reps.max(1) {
+        best = best.min(allreduce_time(group, &mut buf, iters)?);
+    }
+    Ok(gbps(len * 4, iters, best))
+}
+
+/// A number of operations per repetition that takes tens of milliseconds for `len` floats.
+pub fn default_iters(len: usize) -> u64 {
+    match len {
+        0..=4096 => 2000,
+        4097..=1_048_576 => 50,
+        _ => 10,
+    }
+}
+
+/// `bytes * iters / time` in GB/s (10^9 bytes per second); 0 for a zero time.
+pub fn gbps(bytes: usize, iters: u64, time: Duration) -> f64 {
+    let secs = time.as_secs_f64();
+    if secs <= 0.0 {
+        return 0.0;
+    }
+    bytes as f64 * iters as f64 / secs / 1e9
+}

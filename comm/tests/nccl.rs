@@ -1,0 +1,293 @@
+//! NCCL backend tests that need no GPU: the TCP rendezvous (threads as ranks on 127.0.0.1),
+//! configuration errors, and errors (never panics) when CUDA or NCCL is missing. The last test
+//! runs the GPU smoke binary when the machine has a GPU and says explicitly that it skipped
+//! otherwise.
+#![cfg(feature = "nccl")]
+
+use localsgd_comm::CommError;
+use localsgd_comm::nccl::rendezvous::split_host_port;
+use localsgd_comm::nccl::{NcclConfig, NcclWorld, TcpRendezvous, try_load_nccl};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// A port that was free a moment ago.
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+fn id_pattern() -> [u8; 128] {
+    std::array::from_fn(|i| (i * 7 + 3) as u8)
+}
+
+fn meet(rank: usize, size: usize, addr: &str, timeout: Duration) -> TcpRendezvous {
+    TcpRendezvous {
+        rank,
+        size,
+        addr: addr.to_string(),
+        timeout,
+    }
+}
+
+#[test]
+fn rendezvous_hands_the_id_and_hosts_to_every_rank() {
+    let addr = format!("127.0.0.1:{}", free_port());
+    let size = 4;
+    let outcomes: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..size)
+            .map(|rank| {
+                let addr = addr.clone();
+                s.spawn(move || {
+                    // Peers start before rank 0 listens: they must retry.
+                    if rank == 0 {
+                        std::thread::sleep(Duration::from_millis(300));
+                    }
+                    meet(rank, size, &addr, Duration::from_secs(20)).run(
+                        &format!("host-{}", rank % 2),
+                        || {
+                            assert_eq!(rank, 0, "only rank 0 creates the id");
+                            Ok(id_pattern())
+                        },
+                    )
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (rank, o) in outcomes.into_iter().enumerate() {
+        let o = o.unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+        assert_eq!(o.id, id_pattern(), "rank {rank}");
+        assert_eq!(
+            o.hosts,
+            ["host-0", "host-1", "host-0", "host-1"],
+            "rank {rank}"
+        );
+    }
+}
+
+#[test]
+fn single_rank_rendezvous_opens_no_socket() {
+    // Port 1 cannot be bound by an unprivileged test, and a world of one must not try.
+    let o = meet(0, 1, "127.0.0.1:1", Duration::from_secs(1))
+        .run("solo", || Ok(id_pattern()))
+        .unwrap();
+    assert_eq!(o.id, id_pattern());
+    assert_eq!(o.hosts, ["solo"]);
+}
+
+#[test]
+fn peer_without_rank_zero_times_out_naming_the_address() {
+    let addr = format!("127.0.0.1:{}", free_port());
+    let start = Instant::now();
+    let e = meet(1, 2, &addr, Duration::from_millis(500))
+        .run("h", || unreachable!("rank 1 never creates the id"))
+        .unwrap_err();
+    let waited = start.elapsed();
+    assert!(
+        waited >= Duration::from_millis(500),
+        "gave up after {waited:?}"
+    );
+    assert!(waited < Duration::from_secs(10), "took {waited:?}");
+    let text = e.to_string();
+    assert!(
+        matches!(
+            e,
+            CommError::Backend {
+                backend: "nccl",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(text.contains(&addr), "{text}");
+    assert!(text.contains("500ms"), "{text}");
+    assert!(text.contains("could not connect to rank 0"), "{text}");
+}
+
+#[test]
+fn rank_zero_times_out_naming_the_missing_ranks() {
+    let addr = format!("127.0.0.1:{}", free_port());
+    let e = meet(0, 3, &addr, Duration::from_millis(400))
+        .run("h", || Ok(id_pattern()))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains(&addr), "{e}");
+    assert!(e.contains("rank(s) [1, 2] did not connect"), "{e}");
+}
+
+#[test]
+fn world_size_disagreement_fails_on_both_sides() {
+    let addr = format!("127.0.0.1:{}", free_port());
+    let (root, peer) = std::thread::scope(|s| {
+        let a = addr.clone();
+        let root =
+            s.spawn(move || meet(0, 2, &a, Duration::from_secs(10)).run("h0", || Ok(id_pattern())));
+        let peer =
+            s.spawn(|| meet(1, 3, &addr, Duration::from_secs(10)).run("h1", || Ok([0; 128])));
+        (root.join().unwrap(), peer.join().unwrap())
+    });
+    let root = root.unwrap_err().to_string();
+    let peer = peer.unwrap_err().to_string();
+    assert!(
+        root.contains("rank 1 was started with world size 3, rank 0 with 2"),
+        "{root}"
+    );
+    assert!(peer.contains("rank 0 refused this rank"), "{peer}");
+    assert!(peer.contains("world size 3"), "{peer}");
+}
+
+#[test]
+fn bad_addresses_and_ports_are_config_errors() {
+    for (addr, needle) in [
+        ("127.0.0.1:notaport", "\"notaport\" is not a number"),
+        ("127.0.0.1:70000", "\"70000\" is not a number"),
+        ("127.0.0.1:0", "port 0 is not allowed"),
+        ("127.0.0.1", "no port given"),
+        (":29500", "empty host"),
+    ] {
+        let e = split_host_port(addr).unwrap_err();
+        let text = e.to_string();
+        assert!(matches!(e, CommError::InvalidConfig(_)), "{addr}: {e:?}");
+        assert!(text.contains(needle), "{addr}: {text}");
+        assert!(text.contains(addr), "{addr}: {text}");
+    }
+    assert_eq!(split_host_port("[::1]:29500").unwrap(), ("::1", 29500));
+    assert_eq!(split_host_port("node-3:29500").unwrap(), ("node-3", 29500));
+    let e = meet(1, 2, "no-such-host.invalid:29500", Duration::from_secs(1))
+        .run("h", || Ok([0; 128]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("does not resolve"), "{e}");
+    // The same checks guard the world constructor, before any library is loaded.
+    let e = NcclWorld::init_tcp(0, 2, "127.0.0.1:x", 0, NcclConfig::default()).unwrap_err();
+    assert!(matches!(e, CommError::InvalidConfig(_)), "{e:?}");
+}
+
+#[test]
+fn invalid_settings_are_refused_before_any_library_is_loaded() {
+    let zero = NcclConfig::default().with_timeout(Duration::ZERO);
+    let e = NcclWorld::init_tcp(0, 1, "127.0.0.1:29500", 0, zero).unwrap_err();
+    assert_eq!(
+        e,
+        CommError::InvalidConfig("the NCCL collective timeout must be positive (got 0s)".into())
+    );
+    let e = NcclWorld::init_tcp(2, 2, "127.0.0.1:29500", 0, NcclConfig::default()).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("rank 2 is not valid for a world of 2"),
+        "{e}"
+    );
+}
+
+#[test]
+fn missing_nccl_library_is_an_error_naming_what_to_do() {
+    let e = try_load_nccl(&["/nonexistent/dir/libnccl.so.2"]).unwrap_err();
+    let text = e.to_string();
+    assert!(
+        matches!(
+            e,
+            CommError::Backend {
+                backend: "nccl",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(text.contains("/nonexistent/dir/libnccl.so.2"), "{text}");
+    assert!(text.contains("LD_LIBRARY_PATH"), "{text}");
+    assert!(text.contains("LOCALSGD_NCCL_LIB"), "{text}");
+}
+
+#[test]
+fn init_without_cuda_or_nccl_returns_the_probe_error_not_a_panic() {
+    match NcclWorld::probe() {
+        Ok(p) => println!(
+            "skipped: this machine has {} GPU(s) and NCCL {}, so nothing is missing",
+            p.devices, p.nccl_version
+        ),
+        Err(probe_error) => {
+            let port = free_port();
+            let r = std::panic::catch_unwind(|| {
+                NcclWorld::init_tcp(0, 1, &format!("127.0.0.1:{port}"), 0, NcclConfig::default())
+            });
+            let e = r.expect("init must not panic").unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    CommError::Backend {
+                        backend: "nccl",
+                        ..
+                    }
+                ),
+                "{e:?}"
+            );
+            let text = e.to_string();
+            assert!(
+                text.contains("libcuda") || text.contains("libnccl") || text.contains("GPU"),
+                "{text}"
+            );
+            assert_eq!(e, probe_error);
+        }
+    }
+}
+
+#[test]
+fn gpu_smoke_runs_or_reports_skip() {
+    let out = Command::new(env!("CARGO_BIN_EXE_nccl_smoke"))
+        .output()
+        .expect("run nccl_smoke");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    match NcclWorld::probe() {
+        Err(reason) => {
+            assert_eq!(out.status.code(), Some(77), "{stdout}");
+            let line = stdout.lines().find(|l| l.starts_with("SKIP: "));
+            assert!(line.is_some(), "{stdout}");
+            assert!(
+                line.unwrap_or_default().contains(&reason.to_string()),
+                "{stdout}"
+            );
+            println!("skipped: no GPU ({reason})");
+        }
+        Ok(p) => {
+            assert_eq!(out.status.code(), Some(0), "{stdout}");
+            assert!(stdout.contains("SUMMARY: PASS"), "{stdout}");
+            assert!(!stdout.contains("FAIL"), "{stdout}");
+            println!("ran on {} GPU(s), NCCL {}", p.devices, p.nccl_version);
+        }
+    }
+}
+
+#[test]
+fn smoke_expectations_hold_on_the_thread_backend() {
+    // The smoke test's hand-computed expectations and training thresholds, checked against the
+    // reference backend, so a GPU failure of the smoke points at the NCCL backend.
+    for ranks in ["1", "3", "4"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_nccl_smoke"))
+            .args(["--threads", ranks])
+            .output()
+            .expect("run nccl_smoke --threads");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        println!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(out.status.code(), Some(0), "{ranks} ranks:\n{stdout}");
+        assert!(!stdout.contains("FAIL"), "{ranks} ranks:\n{stdout}");
+        assert!(
+            stdout.contains(&format!("SUMMARY: PASS (thread backend, {ranks} rank(s))")),
+            "{stdout}"
+        );
+        for name in [
+            "PASS all_reduce bf16 mean",
+            "PASS all_reduce 4M f32",
+            "PASS broadcast from root 0",
+            "PASS split by color",
+            "PASS traffic counters (subgroup charged to parent)",
+            "PASS training: loss falls with averaged gradients",
+            "PASS training: parameters identical after averaging at step 10",
+        ] {
+            assert!(
+                stdout.contains(name),
+                "{ranks} ranks: missing {name}:\n{stdout}"
+            );
+        }
+    }
+}

@@ -1,0 +1,172 @@
+//! `localsgd bench-comm` (part of the binary): all-reduce throughput of a backend against this
+//! machine's single-thread memcpy bandwidth, measured in the same run, with the definitions of
+//! `localsgd_comm::throughput` (the criterion benches use the same ones).
+//!
+//! Threads (default): every worker count of `--workers` in this process. MPI (`--backend mpi`,
+//! binary built with the `mpi` feature, under `mpirun -np N`): the N ranks; rank 0 prints.
+
+use anyhow::{Context, Result, bail};
+use localsgd_comm::ThreadWorld;
+use localsgd_comm::throughput::{allreduce_gbps, default_iters, memcpy_gbps};
+use localsgd_trainer::config::Backend;
+use std::path::PathBuf;
+
+/// Flags of `localsgd bench-comm`.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct BenchCommFlags {
+    /// Backend to measure.
+    #[arg(long, value_enum, default_value = "threads")]
+    backend: Backend,
+    /// Worker counts for the thread backend, comma-separated (MPI uses the world size).
+    #[arg(long, value_delimiter = ',', default_value = "2,4")]
+    workers: Vec<usize>,
+    /// Buffer lengths in f32 values, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1048576,16777216")]
+    floats: Vec<usize>,
+    /// Repetitions per measurement (the best one counts).
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    /// Also write the results as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+struct Row {
+    backend: &'static str,
+    workers: usize,
+    floats: usize,
+    gbps: f64,
+    memcpy_gbps: f64,
+}
+
+pub(crate) fn run(flags: &BenchCommFlags) -> Result<()> {
+    if flags.floats.is_empty() || flags.floats.contains(&0) {
+        bail!(
+            "invalid --floats {:?}: give one or more positive buffer lengths",
+            flags.floats
+        );
+    }
+    if flags.reps == 0 {
+        bail!("invalid --reps 0: at least 1 repetition");
+    }
+    let rows = match flags.backend {
+        Backend::Threads => threads(flags)?,
+        Backend::Mpi => mpi(flags)?,
+    };
+    let Some(rows) = rows else {
+        return Ok(()); // an MPI rank other than 0
+    };
+    println!(
+        "{:<8} {:>7} {:>10} {:>14} {:>14} {:>8}",
+        "backend", "workers", "floats", "all-reduce GB/s", "memcpy GB/s", "ratio"
+    );
+    for r in &rows {
+        println!(
+            "{:<8} {:>7} {:>10} {:>14.2} {:>14.2} {:>8.2}",
+            r.backend,
+            r.workers,
+            r.floats,
+            r.gbps,
+            r.memcpy_gbps,
+            r.gbps / r.memcpy_gbps
+        );
+    }
+    println!(
+        "(all-reduce: buffer bytes / time per in-place sum, slowest rank, best of {}; memcpy: one thread)",
+        flags.reps
+    );
+    if let Some(path) = &flags.json {
+        let json: Vec<_> = rows
+            .iter()
+            .map(|r| {
+                serde_json::json!({
+                    "backend": r.backend,
+                    "workers": r.workers,
+                    "floats": r.floats,
+                    "allreduce_gbps": r.gbps,
+                    "memcpy_gbps": r.memcpy_gbps,
+                    "ratio": r.gbps / r.memcpy_gbps,
+                })
+            })
+            .collect();
+        std::fs::write(path, format!("{:#}\n", serde_json::Value::from(json)))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn threads(flags: &BenchCommFlags) -> Result<Option<Vec<Row>>> {
+    if flags.workers.is_empty() || flags.workers.contains(&0) {
+        bail!(
+            "invalid --workers {:?}: give one or more positive worker counts",
+            flags.workers
+        );
+    }
+    let mut rows = Vec::new();
+    for &floats in &flags.floats {
+        let memcpy = memcpy_gbps(floats, default_iters(floats), flags.reps);
+        for &workers in &flags.workers {
+            let results = ThreadWorld::new(workers)?
+                .run(|g| allreduce_gbps(g.as_ref(), floats, default_iters(floats), flags.reps));
+            let gbps = results
+                .map_err(|p| anyhow::anyhow!("worker {} panicked: {}", p.rank, p.message))?
+                .into_iter()
+                .next()
+                .context("no worker results")??;
+            rows.push(Row {
+                backend: "threads",
+                workers,
+                floats,
+                gbps,
+                memcpy_gbps: memcpy,
+            });
+        }
+    }
+    Ok(Some(rows))
+}
+
+#[cfg(feature = "mpi")]
+fn mpi(flags: &BenchCommFlags) -> Result<Option<Vec<Row>>> {
+    use localsgd_comm::mpi::{MpiConfig, MpiWorld};
+    let (world, group) = MpiWorld::init_with(MpiConfig::default()).context("starting MPI")?;
+    // Rank 0 measures memcpy first, while the other ranks wait in the first collective.
+    let memcpy: Vec<f64> = if group.rank() == 0 {
+        flags
+            .floats
+            .iter()
+            .map(|&f| memcpy_gbps(f, default_iters(f), flags.reps))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let mut rows = Vec::new();
+    for (i, &floats) in flags.floats.iter().enumerate() {
+        let gbps = match allreduce_gbps(group.as_ref(), floats, default_iters(floats), flags.reps) {
+            Ok(v) => v,
+            Err(e) => {
+                eprintln!("error on rank {}: {e}", group.rank());
+                world.abort(2);
+            }
+        };
+        if group.rank() == 0 {
+            rows.push(Row {
+                backend: "mpi",
+                workers: group.size(),
+                floats,
+                gbps,
+                memcpy_gbps: memcpy[i],
+            });
+        }
+    }
+    let rank = group.rank();
+    drop(group);
+    drop(world);
+    Ok((rank == 0).then_some(rows))
+}
+
+#[cfg(not(feature = "mpi"))]
+fn mpi(_flags: &BenchCommFlags) -> Result<Option<Vec<Row>>> {
+    bail!(
+        "invalid --backend mpi: this binary was built without MPI support; rebuild with `cargo build -p localsgd-trainer --features mpi` and run under mpirun"
+    )
+}

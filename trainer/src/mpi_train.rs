@@ -1,0 +1,165 @@
+//! `localsgd train --backend mpi` (part of the binary, built with the `mpi` feature): one rank per
+//! process under `mpirun`. Rank 0 prints and writes the run directory; every rank writes its own
+//! checkpoint file into it, so with several machines the run directory must be on a shared
+//! file system.
+//!
+//! Failure handling follows MPI's rules. Errors every rank detects identically before any
+//! training (configuration, world size) are printed once by rank 0 and every rank exits with
+//! code 2 after finalising MPI. Any later error on one rank (data, a peer, a collective timeout)
+//! is printed with the rank and ends the whole job through `MPI_Abort` (exit code 2): returning
+//! normally would leave the other ranks waiting in their next collective.
+
+use crate::{RunTotals, WorkerResult, prepare_run_dir, progress_bar, report};
+use anyhow::{Context, Result, bail};
+use localsgd_comm::mpi::{MpiConfig, MpiWorld};
+use localsgd_comm::{Group, GroupExt};
+use localsgd_trainer::cli::ConfigFlags;
+use localsgd_trainer::config::TrainConfig;
+use localsgd_trainer::run;
+use std::time::{Duration, Instant};
+
+/// Exit code of a rank that fails (the same as the thread backend's `error:` exit).
+const FAILURE_EXIT_CODE: i32 = 2;
+
+/// Train one rank of an MPI job. Never returns an error after MPI is up: failures end the
+/// process (see the module notes).
+pub(crate) fn train(flags: &ConfigFlags, cfg: TrainConfig) -> Result<()> {
+    let config = MpiConfig::default().with_timeout(Duration::from_secs(cfg.timeout_secs));
+    let (world, group) = MpiWorld::init_with(config).context("starting MPI")?;
+    let rank = group.rank();
+    let size = group.size();
+
+    // Deterministic checks: every rank reaches the same verdict, so rank 0 alone reports it and
+    // everyone leaves through MPI_Finalize (no abort, no duplicated messages).
+    let cfg = match settle_world_size(flags, cfg, size) {
+        Ok(cfg) => cfg,
+        Err(e) => {
+            if rank == 0 {
+                say(&format!("error: {e:#}"));
+            }
+            drop(world);
+            std::process::exit(FAILURE_EXIT_CODE);
+        }
+    };
+    match train_rank(&cfg, &group) {
+        Ok(()) => {
+            // Finalise only once every rank is done (rank 0's report takes a moment).
+            if let Err(e) = group.barrier() {
+                say(&format!(
+                    "error on rank {rank} of {size}: final barrier: {e}"
+                ));
+                world.abort(FAILURE_EXIT_CODE);
+            }
+            drop(world);
+            Ok(())
+        }
+        Err(e) => {
+            say(&format!(
+                "error on rank {rank} of {size} ({}): {e:#}",
+                world.processor_name()
+            ));
+            world.abort(FAILURE_EXIT_CODE)
+        }
+    }
+}
+
+/// Print one message to stderr in a single write, so that `mpirun`, which forwards every rank's
+/// output as it arrives, does not interleave two ranks' messages mid-line.
+fn say(message: &str) {
+    use std::io::Write;
+    let line = format!("{message}\n");
+    let _ = std::io::stderr().write_all(line.as_bytes());
+}
+
+/// `workers` defaults to the MPI world size; an explicit value must match it.
+fn settle_world_size(
+    flags: &ConfigFlags,
+    mut cfg: TrainConfig,
+    size: usize,
+) -> Result<TrainConfig> {
+    let given = flags.workers_given().map_err(anyhow::Error::msg)?;
+    if given && cfg.workers != size {
+        bail!(
+            "invalid setting `workers` = {}: under MPI the number of workers is the MPI world size, {size} here (`mpirun -np {size}`); drop the setting or set it to {size}",
+            cfg.workers
+        );
+    }
+    cfg.workers = size;
+    // Settings that depend on the worker count (levels, subgroup-size) are checked again.
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+/// One process per rank: unless `RAYON_NUM_THREADS` says otherwise, give each of the ranks on
+/// this host an equal share of its cores for burn's compute threads, so that the ranks do not
+/// fight over cores (the thread backend's workers already share one pool).
+fn limit_compute_threads(local: usize) {
+    if std::env::var_os("RAYON_NUM_THREADS").is_some() {
+        return;
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = (cores / local.max(1)).max(1);
+    // Fails only if the global pool already exists, which leaves the library's default.
+    let _ = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build_global();
+}
+
+/// The intra-node groups (MPI's shared-memory split, the same split the hooks use), as lists of
+/// world ranks, and the size of this rank's group. Collective.
+fn host_layout(group: &Group) -> Result<(Vec<Vec<usize>>, usize)> {
+    let node = group.intra_node().context("splitting the world by host")?;
+    let leaders =
+        group.all_gather_u64(&[node.world_ranks().first().copied().unwrap_or(0) as u64])?;
+    let mut groups: Vec<(u64, Vec<usize>)> = Vec::new();
+    for (rank, leader) in leaders.into_iter().enumerate() {
+        match groups.iter_mut().find(|(l, _)| *l == leader) {
+            Some((_, members)) => members.push(rank),
+            None => groups.push((leader, vec![rank])),
+        }
+    }
+    Ok((groups.into_iter().map(|(_, m)| m).collect(), node.size()))
+}
+
+fn train_rank(cfg: &TrainConfig, group: &Group) -> Result<()> {
+    let rank = group.rank();
+    let (hosts, local) = host_layout(group)?;
+    limit_compute_threads(local);
+    if rank == 0 {
+        let groups: Vec<String> = hosts.iter().map(|g| format!("{g:?}")).collect();
+        println!(
+            "MPI: {} ranks on {} host(s); intra-node groups (world ranks): {}",
+            group.size(),
+            hosts.len(),
+            groups.join(" ")
+        );
+    }
+    let data = run::load_data(cfg).context("loading the data set")?;
+    // Rank 0 owns the run directory; the others wait until it exists (they write checkpoint
+    // files into it).
+    let dir = if rank == 0 {
+        prepare_run_dir(cfg)?
+    } else {
+        cfg.run_dir.clone()
+    };
+    group
+        .barrier()
+        .context("waiting for rank 0 to prepare the run directory")?;
+    let progress = if rank == 0 { progress_bar(cfg) } else { None };
+    let started = Instant::now();
+    let result: WorkerResult = run::train_worker(cfg, group.clone(), &data, Some(&dir), progress)?;
+    let wall = group_wall_seconds(group, started.elapsed())?;
+    let totals = RunTotals::gather(group, &result)?;
+    if rank == 0 {
+        report(cfg, &result, totals, wall, &dir)?;
+    }
+    Ok(())
+}
+
+/// The slowest rank's training wall time (the job is as fast as its slowest rank), via a max
+/// all-reduce of one value.
+fn group_wall_seconds(group: &Group, mine: Duration) -> Result<f64> {
+    let mut v = [mine.as_secs_f64()];
+    group.all_reduce_slice(&mut v, localsgd_comm::ReduceOp::Max)?;
+    Ok(v[0])
+}
