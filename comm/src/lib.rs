@@ -38,6 +38,8 @@ pub mod signature;
 pub mod thread;
 pub mod throughput;
 pub mod traffic;
+#[cfg(any(feature = "mpi", feature = "nccl"))]
+mod watchdog;
 
 #[cfg(feature = "mpi")]
 pub use self::mpi::{MpiConfig, MpiGroup, MpiWorld};

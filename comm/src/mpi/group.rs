@@ -8,6 +8,7 @@ use crate::error::CommError;
 use crate::group::{Group, ProcessGroup};
 use crate::signature::{CallSignature, ReduceOp};
 use crate::traffic::{Traffic, TrafficChain};
+use crate::watchdog::What;
 use mpi::ffi;
 use std::ffi::{c_int, c_void};
 use std::fmt;
@@ -127,10 +128,10 @@ impl MpiGroup {
     ) -> Result<R, CommError> {
         let _issuing = self.issue.lock().unwrap_or_else(|e| e.into_inner());
         let _serial = self.runtime.enter()?;
-        let _watch = self
-            .runtime
-            .watchdog
-            .watch(sig, &self.world_ranks, self.config.timeout);
+        let _watch =
+            self.runtime
+                .watchdog
+                .watch(What::Call(sig), &self.world_ranks, self.config.timeout);
         if self.config.signature_check {
             self.check_signature(&sig)?;
         }

@@ -53,12 +53,12 @@ use crate::error::CommError;
 use crate::group::Group;
 #[cfg(doc)]
 use crate::group::ProcessGroup;
+use crate::watchdog::Watchdog;
 use mpi::environment::{Threading, Universe};
 use ops::UserOps;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
-use watchdog::Watchdog;
 
 /// Default collective timeout of MPI groups (same as the thread backend's).
 pub const DEFAULT_TIMEOUT: Duration = crate::thread::DEFAULT_TIMEOUT;
@@ -198,7 +198,7 @@ impl MpiWorld {
         }
         let processor_name = ffi::processor_name()?;
         let world_rank = ffi::comm_rank(world)?;
-        let watchdog = Watchdog::start(world_rank, processor_name.clone()).map_err(|e| {
+        let watchdog = watchdog::start(world_rank, processor_name.clone()).map_err(|e| {
             CommError::Backend {
                 backend: "mpi",
                 message: format!("could not start the watchdog thread: {e}"),

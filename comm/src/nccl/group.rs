@@ -5,12 +5,13 @@ use super::library::{
     self as lib, NCCL_BFLOAT16, NCCL_FLOAT16, NCCL_FLOAT32, NCCL_FLOAT64, NCCL_IN_PROGRESS,
     NCCL_MAX, NCCL_MIN, NCCL_SUCCESS, NCCL_SUM, NCCL_UINT64, Nccl,
 };
-use super::{NcclConfig, Runtime};
+use super::{NcclConfig, Runtime, watchdog};
 use crate::buffer::{BufferMut, Element};
 use crate::error::CommError;
 use crate::group::{Group, ProcessGroup};
 use crate::signature::{CallSignature, ReduceOp};
 use crate::traffic::{Traffic, TrafficChain};
+use crate::watchdog::What;
 use cudarc::driver::sys::{CUdeviceptr, CUresult};
 use cudarc::driver::{CudaStream, result as cu};
 use cudarc::nccl::sys::{ncclComm_t, ncclUniqueId};
@@ -392,10 +393,11 @@ impl NcclGroup {
                 .ctx
                 .bind_to_thread()
                 .map_err(|e| cuda_err("binding the CUDA context", &e))?;
-            let _watch = self
-                .runtime
-                .watchdog
-                .watch(&sig, &self.world_ranks, self.config.timeout);
+            let _watch = self.runtime.watchdog.watch(
+                What::Call(sig),
+                &self.world_ranks,
+                watchdog::limit(self.config.timeout),
+            );
             if self.config.signature_check {
                 self.check_signature(st, &sig)?;
             }
@@ -692,7 +694,11 @@ impl Drop for NcclGroup {
                 let _ = unsafe { cu::free_sync(scratch) };
             }
             if !aborted {
-                let _watch = watchdog.watch_named("ncclCommDestroy".into(), &world_ranks, timeout);
+                let _watch = watchdog.watch(
+                    What::Named("ncclCommDestroy".into()),
+                    &world_ranks,
+                    watchdog::limit(timeout),
+                );
                 // SAFETY: a live communicator of this process, never used again.
                 let rc = unsafe { (nccl.comm_destroy)(comm.0) };
                 if rc != NCCL_SUCCESS {

@@ -83,13 +83,13 @@ use crate::group::Group;
 #[cfg(doc)]
 use crate::group::ProcessGroup;
 use crate::traffic::TrafficChain;
+use crate::watchdog::{Watchdog, What};
 use cudarc::driver::CudaContext;
 use group::Comm;
 use library::Nccl;
 use std::ffi::c_int;
 use std::sync::Arc;
 use std::time::Duration;
-use watchdog::Watchdog;
 
 /// Default collective timeout of NCCL groups (same as the thread backend's).
 pub const DEFAULT_TIMEOUT: Duration = crate::thread::DEFAULT_TIMEOUT;
@@ -409,7 +409,7 @@ impl NcclWorld {
             })
         })?;
         let device_name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
-        let watchdog = Watchdog::start(rank, host.clone()).map_err(|e| CommError::Backend {
+        let watchdog = watchdog::start(rank, host.clone()).map_err(|e| CommError::Backend {
             backend: "nccl",
             message: format!("could not start the watchdog thread: {e}"),
         })?;
@@ -428,10 +428,12 @@ impl NcclWorld {
                     backend: "nccl",
                     message: format!("binding GPU {device}: {}", library::cuda_error(&e)),
                 })?;
-            let _watch = runtime.watchdog.watch_named(
-                format!("ncclCommInitRank (rank {rank} of {size}, GPU {device})"),
+            let _watch = runtime.watchdog.watch(
+                What::Named(format!(
+                    "ncclCommInitRank (rank {rank} of {size}, GPU {device})"
+                )),
                 &world_ranks,
-                config.timeout,
+                watchdog::limit(config.timeout),
             );
             let mut comm: cudarc::nccl::sys::ncclComm_t = std::ptr::null_mut();
             // SAFETY: NCCL writes the handle; every rank passes the same id and size.
