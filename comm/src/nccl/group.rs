@@ -388,7 +388,7 @@ impl NcclGroup {
             });
         }
         let st = &mut *st;
-        lib::no_panic(&sig.to_string(), || {
+        lib::no_panic(sig, || {
             self.runtime
                 .ctx
                 .bind_to_thread()

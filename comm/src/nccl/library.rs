@@ -261,7 +261,7 @@ pub(crate) fn probe_cuda_driver() -> Result<(), CommError> {
 /// Run `f`, turning a panic (cudarc panics when a library or symbol is missing) into an error
 /// that names `what`.
 pub(crate) fn no_panic<R>(
-    what: &str,
+    what: impl std::fmt::Display,
     f: impl FnOnce() -> Result<R, CommError>,
 ) -> Result<R, CommError> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
