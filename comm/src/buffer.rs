@@ -54,6 +54,21 @@ pub enum BufferMut<'a> {
     BF16(&'a mut [bf16]),
 }
 
+/// Match a [`BufferMut`] and run `$body` with `$slice` bound to its typed slice: one arm per
+/// element type, so that a backend whose collectives are generic over the element type writes
+/// the dispatch once (`with_typed_slice!(buf, b => self.all_reduce_typed(b, op))`).
+macro_rules! with_typed_slice {
+    ($buf:expr, $slice:ident => $body:expr) => {
+        match $buf {
+            $crate::buffer::BufferMut::F32($slice) => $body,
+            $crate::buffer::BufferMut::F64($slice) => $body,
+            $crate::buffer::BufferMut::F16($slice) => $body,
+            $crate::buffer::BufferMut::BF16($slice) => $body,
+        }
+    };
+}
+pub(crate) use with_typed_slice;
+
 impl BufferMut<'_> {
     /// Number of elements.
     pub fn len(&self) -> usize {

@@ -3,7 +3,7 @@
 use super::ffi::{self as mffi, Comm, MAX_COUNT, check};
 use super::ops::MpiElement;
 use super::{MpiConfig, Runtime};
-use crate::buffer::BufferMut;
+use crate::buffer::{BufferMut, with_typed_slice};
 use crate::error::CommError;
 use crate::group::{Group, ProcessGroup};
 use crate::signature::{CallSignature, ReduceOp};
@@ -299,21 +299,11 @@ impl ProcessGroup for MpiGroup {
     }
 
     fn all_reduce(&self, buf: BufferMut<'_>, op: ReduceOp) -> Result<(), CommError> {
-        match buf {
-            BufferMut::F32(b) => self.all_reduce_typed(b, op),
-            BufferMut::F64(b) => self.all_reduce_typed(b, op),
-            BufferMut::F16(b) => self.all_reduce_typed(b, op),
-            BufferMut::BF16(b) => self.all_reduce_typed(b, op),
-        }
+        with_typed_slice!(buf, b => self.all_reduce_typed(b, op))
     }
 
     fn broadcast(&self, buf: BufferMut<'_>, root: usize) -> Result<(), CommError> {
-        match buf {
-            BufferMut::F32(b) => self.broadcast_typed(b, root),
-            BufferMut::F64(b) => self.broadcast_typed(b, root),
-            BufferMut::F16(b) => self.broadcast_typed(b, root),
-            BufferMut::BF16(b) => self.broadcast_typed(b, root),
-        }
+        with_typed_slice!(buf, b => self.broadcast_typed(b, root))
     }
 
     fn barrier(&self) -> Result<(), CommError> {

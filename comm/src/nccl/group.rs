@@ -6,7 +6,7 @@ use super::library::{
     NCCL_MAX, NCCL_MIN, NCCL_SUCCESS, NCCL_SUM, NCCL_UINT64, Nccl,
 };
 use super::{NcclConfig, Runtime, watchdog};
-use crate::buffer::{BufferMut, Element};
+use crate::buffer::{BufferMut, Element, with_typed_slice};
 use crate::error::CommError;
 use crate::group::{Group, ProcessGroup};
 use crate::signature::{CallSignature, ReduceOp};
@@ -728,21 +728,11 @@ impl ProcessGroup for NcclGroup {
     }
 
     fn all_reduce(&self, buf: BufferMut<'_>, op: ReduceOp) -> Result<(), CommError> {
-        match buf {
-            BufferMut::F32(b) => self.all_reduce_typed(b, op),
-            BufferMut::F64(b) => self.all_reduce_typed(b, op),
-            BufferMut::F16(b) => self.all_reduce_typed(b, op),
-            BufferMut::BF16(b) => self.all_reduce_typed(b, op),
-        }
+        with_typed_slice!(buf, b => self.all_reduce_typed(b, op))
     }
 
     fn broadcast(&self, buf: BufferMut<'_>, root: usize) -> Result<(), CommError> {
-        match buf {
-            BufferMut::F32(b) => self.broadcast_typed(b, root),
-            BufferMut::F64(b) => self.broadcast_typed(b, root),
-            BufferMut::F16(b) => self.broadcast_typed(b, root),
-            BufferMut::BF16(b) => self.broadcast_typed(b, root),
-        }
+        with_typed_slice!(buf, b => self.broadcast_typed(b, root))
     }
 
     /// A one-element all-reduce, then a wait for the stream.
