@@ -291,3 +291,66 @@ fn smoke_expectations_hold_on_the_thread_backend() {
         }
     }
 }
+
+/// Build a stand-in `libnccl.so.2` (C, through the system C compiler that Rust links with)
+/// whose `ncclGetVersion` reports `version` and which exports the NCCL entry points named in
+/// `symbols` as stubs that are never called. Only the loader's checks run against it.
+fn stand_in_nccl(name: &str, version: u32, symbols: &[&str]) -> String {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("nccl-{name}"));
+    std::fs::create_dir_all(&dir).expect("create the stand-in's directory");
+    let mut c = format!("int ncclGetVersion(int *v) {{ *v = {version}; return 0; }}\n");
+    for s in symbols {
+        c.push_str(&format!("int {s}(void) {{ return 0; }}\n"));
+    }
+    let src = dir.join("stand_in.c");
+    std::fs::write(&src, c).expect("write the stand-in's source");
+    let lib = dir.join("libnccl.so.2");
+    let out = Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .output()
+        .expect("run cc (the C compiler Rust links with)");
+    assert!(
+        out.status.success(),
+        "cc failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    lib.to_string_lossy().into_owned()
+}
+
+/// Every NCCL entry point the loader requires besides `ncclGetVersion`.
+const REQUIRED: &[&str] = &[
+    "ncclGetUniqueId",
+    "ncclCommInitRank",
+    "ncclCommDestroy",
+    "ncclCommAbort",
+    "ncclCommGetAsyncError",
+    "ncclGetErrorString",
+    "ncclAllReduce",
+    "ncclBroadcast",
+    "ncclAllGather",
+];
+
+#[test]
+fn a_complete_nccl_loads_and_reports_its_version() {
+    let lib = stand_in_nccl("complete", 22105, REQUIRED);
+    assert_eq!(try_load_nccl(&[&lib]), Ok("2.21.5".to_string()));
+}
+
+#[test]
+fn nccl_older_than_2_12_is_refused_naming_both_versions() {
+    let lib = stand_in_nccl("old", 21003, REQUIRED);
+    let text = try_load_nccl(&[&lib]).unwrap_err().to_string();
+    assert!(text.contains("is NCCL 2.10.3"), "{text}");
+    assert!(text.contains("NCCL 2.12.0 or newer"), "{text}");
+    assert!(text.contains("LOCALSGD_NCCL_LIB"), "{text}");
+}
+
+#[test]
+fn a_library_without_a_required_entry_point_is_refused_naming_it() {
+    let lib = stand_in_nccl("partial", 22105, &REQUIRED[..REQUIRED.len() - 1]);
+    let text = try_load_nccl(&[&lib]).unwrap_err().to_string();
+    assert!(text.contains("has no symbol ncclAllGather"), "{text}");
+    assert!(text.contains("install NCCL >= 2.12"), "{text}");
+}

@@ -45,6 +45,9 @@ struct DeviceState {
     capacity: usize,
     /// Set when the communicator was aborted (after a timeout or an NCCL/CUDA error).
     aborted: Option<String>,
+    /// When the running collective started: every wait inside it counts against one timeout
+    /// from here, so the error comes before the watchdog's limit (timeout + grace).
+    started: Instant,
 }
 
 /// One process's handle on a group of GPU ranks (an NCCL communicator).
@@ -142,6 +145,7 @@ impl NcclGroup {
                 scratch: 0,
                 capacity: 0,
                 aborted: None,
+                started: Instant::now(),
             }),
         })
     }
@@ -175,7 +179,9 @@ impl NcclGroup {
     }
 
     /// Abort the communicator (its peers' pending collectives fail too) and remember why; later
-    /// calls on this group fail at once.
+    /// calls on this group fail at once. Then drain the group's stream, so that no copy enqueued
+    /// by the failed collective still reads or writes the caller's buffer after the error is
+    /// returned (the abort ends NCCL's kernels; a GPU that hangs even so is the watchdog's).
     fn abort(&self, st: &mut DeviceState, why: &str) {
         if st.aborted.is_none() {
             // SAFETY: a live communicator of this process; after the abort it is never used.
@@ -185,6 +191,8 @@ impl NcclGroup {
             }
             st.aborted = Some(why.to_string());
         }
+        // SAFETY: the group's live stream. Its result does not matter: the group is dead.
+        let _ = unsafe { cudarc::driver::sys::cuStreamSynchronize(st.stream.cu_stream()) };
     }
 
     /// A failed NCCL or CUDA step: abort the communicator and build the error.
@@ -289,6 +297,9 @@ impl NcclGroup {
         self.check_cuda(st, r, sig, "cuMemcpyHtoDAsync")
     }
 
+    /// Copy a result back; called only once the stream is idle (after [`Self::wait`]). The copy
+    /// is synchronised without a timeout: it is local work, and it must never still be writing
+    /// into `dst` when this returns, not even on an error.
     fn d2h<T>(
         &self,
         st: &mut DeviceState,
@@ -300,19 +311,21 @@ impl NcclGroup {
             return Ok(());
         }
         let stream = st.stream.cu_stream();
-        // SAFETY: `src` holds `dst.len()` elements; the stream is idle (waited before), and is
-        // waited again before `dst` is read.
+        // SAFETY: `src` holds `dst.len()` elements and the stream is idle; `dst` stays borrowed
+        // until the stream is synchronised below (or drained by the abort in `fail`).
         let r = unsafe { cu::memcpy_dtoh_async(dst, src, stream) };
         self.check_cuda(st, r, sig, "cuMemcpyDtoHAsync")?;
-        self.wait(st, sig)
+        // SAFETY: the group's live stream.
+        let r = unsafe { cudarc::driver::sys::cuStreamSynchronize(stream) }.result();
+        self.check_cuda(st, r, sig, "cuStreamSynchronize (copying the result back)")
     }
 
-    /// Wait until the group's stream is idle, for at most the group timeout. NCCL's asynchronous
-    /// errors (a peer's connection dropped) end the wait early. On timeout the communicator is
-    /// aborted and [`CommError::Timeout`] returned.
+    /// Wait until the group's stream is idle, until the group timeout counted from the start of
+    /// the collective. NCCL's asynchronous errors (a peer's connection dropped) end the wait
+    /// early. On timeout the communicator is aborted and [`CommError::Timeout`] returned.
     fn wait(&self, st: &mut DeviceState, sig: &CallSignature) -> Result<(), CommError> {
         let stream = st.stream.cu_stream();
-        let start = Instant::now();
+        let start = st.started;
         let mut polls: u64 = 0;
         loop {
             // SAFETY: the group's live stream.
@@ -388,11 +401,21 @@ impl NcclGroup {
             });
         }
         let st = &mut *st;
+        st.started = Instant::now();
         lib::no_panic(sig, || {
-            self.runtime
-                .ctx
-                .bind_to_thread()
-                .map_err(|e| cuda_err("binding the CUDA context", &e))?;
+            // cudarc keeps the first error of its own clean-ups (a freed stream or event) and
+            // `bind_to_thread` would return it: report it here, then bind. A bind that fails
+            // after that aborts the group, so that this rank never skips a collective its peers
+            // run and then carries on out of step.
+            if let Err(e) = self.runtime.ctx.check_err() {
+                tracing::warn!(
+                    "an earlier CUDA clean-up failed: {} (noticed before {sig})",
+                    lib::cuda_error(&e)
+                );
+            }
+            if let Err(e) = self.runtime.ctx.bind_to_thread() {
+                return Err(self.fail(st, &sig, "binding the CUDA context", lib::cuda_error(&e)));
+            }
             let _watch = self.runtime.watchdog.watch(
                 What::Call(sig),
                 &self.world_ranks,
@@ -591,16 +614,37 @@ impl NcclGroup {
             };
             self.check_nccl(st, rc, sig, "ncclCommSplit")?;
         } else {
+            // Each rank sends 16 id words and a flag (1: no id, the leader failed). A leader that cannot
+            // create an id still takes part in the gather, so every rank stays in step, and
+            // every member of its color gets the error.
             let leader = members[0];
-            let mut mine = [0u64; 16];
+            let mut mine = [0u64; 17];
+            let mut own_error = None;
             if self.rank == leader {
-                let id = unique_id(self.nccl())?;
-                mine = id_to_words(&id);
+                match unique_id(self.nccl()) {
+                    Ok(id) => {
+                        mine[..16].copy_from_slice(&id_to_words(&id));
+                    }
+                    Err(e) => own_error = Some(e),
+                }
             }
+            mine[16] = own_error.is_some() as u64;
             let ids = self.gather_words(st, &mine, sig)?;
-            let words: [u64; 16] = ids[leader * 16..leader * 16 + 16]
-                .try_into()
-                .unwrap_or([0; 16]);
+            if let Some(e) = own_error {
+                return Err(e);
+            }
+            let theirs = &ids[leader * 17..leader * 17 + 17];
+            if theirs[16] != 0 {
+                return Err(CommError::Backend {
+                    backend: "nccl",
+                    message: format!(
+                        "{sig}: rank {} (world rank {}) could not create the NCCL id for this \
+                         rank's subgroup (see its error)",
+                        leader, self.world_ranks[leader]
+                    ),
+                });
+            }
+            let words: [u64; 16] = theirs[..16].try_into().unwrap_or([0; 16]);
             let id = words_to_id(&words);
             // SAFETY: NCCL writes the new handle; every member passes the same id and size.
             let rc = unsafe {
@@ -686,7 +730,15 @@ impl Drop for NcclGroup {
         let timeout = self.config.timeout;
         let watchdog = &self.runtime.watchdog;
         let _ = lib::no_panic("dropping an NCCL group", || {
+            // A stored error from an earlier cudarc clean-up must not stop this one.
+            let _ = ctx.check_err();
             if ctx.bind_to_thread().is_err() {
+                // Without the context the buffer cannot be freed; the communicator is still
+                // released (NCCL selects its device itself), by abort: no collective here.
+                if !aborted {
+                    // SAFETY: a live communicator of this process, never used again.
+                    let _ = unsafe { (nccl.comm_abort)(comm.0) };
+                }
                 return Ok(());
             }
             if scratch != 0 {

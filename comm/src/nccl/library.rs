@@ -24,6 +24,9 @@ pub const CUDA_LIB_NAMES: &[&str] = &["libcuda.so.1", "libcuda.so"];
 
 pub(crate) type Stream = *mut c_void;
 
+/// The oldest NCCL this backend loads, as `ncclGetVersion` reports it (2.12.0).
+pub(crate) const MIN_NCCL_VERSION: c_int = 21200;
+
 /// `ncclResult_t` values this module names (NCCL's `nccl.h`).
 pub(crate) const NCCL_SUCCESS: c_int = 0;
 pub(crate) const NCCL_IN_PROGRESS: c_int = 7;
@@ -136,6 +139,15 @@ impl Nccl {
         let rc = unsafe { get_version(&mut version) };
         if rc != NCCL_SUCCESS {
             return Err(format!("ncclGetVersion in {path} failed with code {rc}"));
+        }
+        if version < MIN_NCCL_VERSION {
+            return Err(format!(
+                "{path} is NCCL {}; this backend needs NCCL {} or newer (bf16 reductions, \
+                 error strings): install a newer libnccl2 or nvidia-nccl-cu12 wheel, or point \
+                 {NCCL_LIB_ENV} at one",
+                version_string(version),
+                version_string(MIN_NCCL_VERSION)
+            ));
         }
         Ok(Nccl {
             path: path.to_string(),

@@ -281,7 +281,8 @@ impl NcclWorld {
 
     /// Create the NCCL world over the ranks of `bootstrap` (any backend, e.g. the MPI world):
     /// rank 0 of `bootstrap` creates the unique id and every rank receives it through one
-    /// [`all_gather_u64`](ProcessGroup::all_gather_u64) of 17 words (the id and the host id).
+    /// [`all_gather_u64`](ProcessGroup::all_gather_u64) of 18 words per rank (16 id words, a
+    /// host id, and a flag saying whether this rank could load CUDA and NCCL).
     /// Collective over `bootstrap`. The NCCL world's ranks are `bootstrap`'s ranks.
     pub fn init_with_group(
         bootstrap: &Group,
@@ -438,6 +439,21 @@ impl NcclWorld {
             let mut comm: cudarc::nccl::sys::ncclComm_t = std::ptr::null_mut();
             // SAFETY: NCCL writes the handle; every rank passes the same id and size.
             let rc = unsafe { (nccl.comm_init_rank)(&mut comm, size as c_int, id, rank as c_int) };
+            if rc == library::NCCL_IN_PROGRESS {
+                if !comm.is_null() {
+                    // SAFETY: the half-made communicator of this process, never used again.
+                    unsafe { (nccl.comm_abort)(comm) };
+                }
+                return Err(CommError::Backend {
+                    backend: "nccl",
+                    message: format!(
+                        "ncclCommInitRank (rank {rank} of {size}) returned \"in progress\": \
+                         NCCL_COMM_BLOCKING={} makes communicators non-blocking, which this \
+                         backend does not support; unset it or set it to 1",
+                        std::env::var("NCCL_COMM_BLOCKING").unwrap_or_default()
+                    ),
+                });
+            }
             if rc != library::NCCL_SUCCESS || comm.is_null() {
                 return Err(CommError::Backend {
                     backend: "nccl",
