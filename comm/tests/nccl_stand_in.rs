@@ -1,7 +1,7 @@
 //! The NCCL backend's own logic, run end to end without a GPU: `nccl_smoke` (every collective
 //! on every element type, broadcasts, gathers, subgroups, mismatch detection, a short training)
 //! as 2 and 3 rank processes against CPU stand-ins for `libcuda.so.1` and `libnccl.so.2`
-//! (`tests/stand_in/*.c`, compiled here with `cc`). This checks our side — buffer sizes and
+//! (`tests/stand_in/*.c`, compiled with `cc` by `localsgd_comm::nccl::stand_in`). This checks our side — buffer sizes and
 //! offsets, datatype and operation codes, subgroup ranks through `ncclCommSplit` and through
 //! the pre-2.18 fallback, traffic counters, the wait for a busy stream — not CUDA or NCCL
 //! themselves: running on a GPU is `scripts/gpu-smoke`'s job. Two more tests run failure
@@ -9,62 +9,26 @@
 //! ranks as threads of a child process that has the stand-ins on its library path.
 #![cfg(feature = "nccl")]
 
-use localsgd_comm::nccl::{NcclConfig, NcclWorld};
+use localsgd_comm::nccl::{NcclConfig, NcclWorld, stand_in};
 use localsgd_comm::{CommError, GroupExt, ReduceOp};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-/// Compile one stand-in library.
-fn compile(src: &str, out: &Path, defines: &[&str]) {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/stand_in")
-        .join(src);
-    let result = Command::new("cc")
-        .args(["-shared", "-fPIC", "-pthread", "-O1", "-std=gnu11"])
-        .args(defines)
-        .arg("-o")
-        .arg(out)
-        .arg(&src)
-        .arg("-lm")
-        .output()
-        .expect("run cc (the C compiler Rust links with)");
-    assert!(
-        result.status.success(),
-        "cc {} failed: {}",
-        src.display(),
-        String::from_utf8_lossy(&result.stderr)
-    );
-}
-
-/// A directory holding the stand-in driver (under both names cudarc and our probe try) and a
-/// stand-in NCCL, with or without `ncclCommSplit`, plus an empty exchange directory.
+/// A directory with the stand-ins (see `localsgd_comm::nccl::stand_in`).
 fn stand_ins(variant: &str, with_split: bool) -> PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("stand-in-{variant}"));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(dir.join("exchange")).expect("create the stand-in directory");
-    compile("cuda.c", &dir.join("libcuda.so.1"), &[]);
-    std::fs::copy(dir.join("libcuda.so.1"), dir.join("libcuda.so")).expect("copy libcuda");
-    let defines: &[&str] = if with_split { &[] } else { &["-DNO_SPLIT"] };
-    compile("nccl.c", &dir.join("libnccl.so.2"), defines);
+    if let Err(e) = stand_in::build(&dir, with_split) {
+        panic!("building the stand-ins: {e}");
+    }
     dir
 }
 
 /// `program` with the stand-ins in `dir` first on its library path.
 fn with_stand_ins(program: impl AsRef<std::ffi::OsStr>, dir: &Path, gpus: usize) -> Command {
-    let path = match std::env::var("LD_LIBRARY_PATH") {
-        Ok(p) if !p.is_empty() => format!("{}:{p}", dir.display()),
-        _ => dir.display().to_string(),
-    };
     let mut cmd = Command::new(program);
-    cmd.env("LD_LIBRARY_PATH", path)
-        .env("STAND_IN_NCCL_DIR", dir.join("exchange"))
-        .env("STAND_IN_GPUS", gpus.to_string())
-        .env("RAYON_NUM_THREADS", "1")
-        .env_remove("LOCALSGD_NCCL_LIB")
-        .env_remove("LOCALSGD_RANK")
-        .env_remove("RANK");
+    stand_in::configure(&mut cmd, dir, gpus);
     cmd
 }
 

@@ -3,7 +3,9 @@
 //! `localsgd_comm::throughput` (the criterion benches use the same ones).
 //!
 //! Threads (default): every worker count of `--workers` in this process. MPI (`--backend mpi`,
-//! binary built with the `mpi` feature, under `mpirun -np N`): the N ranks; rank 0 prints.
+//! binary built with the `mpi` feature, under `mpirun -np N`) or NCCL (`--backend nccl`, feature
+//! `nccl`, one process per GPU started with `RANK`/`WORLD_SIZE`/`MASTER_ADDR`/`MASTER_PORT`):
+//! the N ranks; rank 0 prints.
 
 use anyhow::{Context, Result, bail};
 use localsgd_comm::ThreadWorld;
@@ -17,7 +19,7 @@ pub(crate) struct BenchCommFlags {
     /// Backend to measure.
     #[arg(long, value_enum, default_value = "threads")]
     backend: Backend,
-    /// Worker counts for the thread backend, comma-separated (MPI uses the world size).
+    /// Worker counts for the thread backend, comma-separated (MPI and NCCL use the world size).
     #[arg(long, value_delimiter = ',', default_value = "2,4")]
     workers: Vec<usize>,
     /// Buffer lengths in f32 values, comma-separated.
@@ -49,12 +51,13 @@ pub(crate) fn run(flags: &BenchCommFlags) -> Result<()> {
     if flags.reps == 0 {
         bail!("invalid --reps 0: at least 1 repetition");
     }
+    crate::check_backend_built(flags.backend)?;
     let rows = match flags.backend {
         Backend::Threads => threads(flags)?,
-        Backend::Mpi => mpi(flags)?,
+        Backend::Mpi | Backend::Nccl => process(flags, flags.backend)?,
     };
     let Some(rows) = rows else {
-        return Ok(()); // an MPI rank other than 0
+        return Ok(()); // a rank other than 0 of a one-process-per-rank backend
     };
     println!(
         "{:<8} {:>7} {:>10} {:>14} {:>14} {:>8}",
@@ -125,10 +128,11 @@ fn threads(flags: &BenchCommFlags) -> Result<Option<Vec<Row>>> {
     Ok(Some(rows))
 }
 
-#[cfg(feature = "mpi")]
-fn mpi(flags: &BenchCommFlags) -> Result<Option<Vec<Row>>> {
-    use localsgd_comm::mpi::{MpiConfig, MpiWorld};
-    let (world, group) = MpiWorld::init_with(MpiConfig::default()).context("starting MPI")?;
+#[cfg(any(feature = "mpi", feature = "nccl"))]
+fn process(flags: &BenchCommFlags, backend: Backend) -> Result<Option<Vec<Row>>> {
+    let world =
+        crate::process_world::ProcessWorld::start(backend, localsgd_comm::thread::DEFAULT_TIMEOUT)?;
+    let group = world.group.clone();
     // Rank 0 measures memcpy first, while the other ranks wait in the first collective.
     let memcpy: Vec<f64> = if group.rank() == 0 {
         flags
@@ -150,7 +154,7 @@ fn mpi(flags: &BenchCommFlags) -> Result<Option<Vec<Row>>> {
         };
         if group.rank() == 0 {
             rows.push(Row {
-                backend: "mpi",
+                backend: group.backend(),
                 workers: group.size(),
                 floats,
                 gbps,
@@ -160,13 +164,15 @@ fn mpi(flags: &BenchCommFlags) -> Result<Option<Vec<Row>>> {
     }
     let rank = group.rank();
     drop(group);
-    drop(world);
+    world.finish();
     Ok((rank == 0).then_some(rows))
 }
 
-#[cfg(not(feature = "mpi"))]
-fn mpi(_flags: &BenchCommFlags) -> Result<Option<Vec<Row>>> {
+#[cfg(not(any(feature = "mpi", feature = "nccl")))]
+fn process(_flags: &BenchCommFlags, backend: Backend) -> Result<Option<Vec<Row>>> {
+    // Unreachable in practice: `run` refused the backend already.
     bail!(
-        "invalid --backend mpi: this binary was built without MPI support; rebuild with `cargo build -p localsgd-trainer --features mpi` and run under mpirun"
+        "invalid --backend {}: not available in this binary",
+        format!("{backend:?}").to_lowercase()
     )
 }

@@ -12,6 +12,10 @@ pub enum Backend {
     Threads,
     /// One process per rank under `mpirun` (cargo feature `mpi`).
     Mpi,
+    /// One process per rank, each with a GPU, communicating through NCCL (cargo feature
+    /// `nccl`); started by a launcher that sets `RANK`, `WORLD_SIZE`, `MASTER_ADDR` and
+    /// `MASTER_PORT` (torchrun) or their `LOCALSGD_` names.
+    Nccl,
 }
 
 /// Where each rank computes forward/backward and the optimizer step.
@@ -88,8 +92,8 @@ pub enum MetricsFormat {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
 pub struct TrainConfig {
-    /// Number of workers (ranks). With `backend = "mpi"` it defaults to the MPI world size
-    /// (`mpirun -np N`); a value given explicitly must equal it.
+    /// Number of workers (ranks). With `backend = "mpi"` or `"nccl"` it defaults to the world
+    /// size (`mpirun -np N`, `WORLD_SIZE`); a value given explicitly must equal it.
     pub workers: usize,
     /// Process-group backend.
     pub backend: Backend,

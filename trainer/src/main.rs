@@ -31,8 +31,10 @@ enum Command {
 }
 
 mod bench_comm;
-#[cfg(feature = "mpi")]
-mod mpi_train;
+#[cfg(any(feature = "mpi", feature = "nccl"))]
+mod process_train;
+#[cfg(any(feature = "mpi", feature = "nccl"))]
+mod process_world;
 
 fn main() {
     // Library warnings (e.g. "period 1: plain DDP is the better choice") go through `tracing`.
@@ -56,15 +58,31 @@ fn run_cli() -> Result<()> {
     }
 }
 
+/// The validated settings, with a backend this binary has.
 fn resolve(flags: &ConfigFlags) -> Result<TrainConfig> {
+    let cfg = resolve_settings(flags)?;
+    check_backend_built(cfg.backend)?;
+    Ok(cfg)
+}
+
+/// The settings (file, then flags), validated.
+fn resolve_settings(flags: &ConfigFlags) -> Result<TrainConfig> {
     let cfg = flags.resolve().map_err(anyhow::Error::msg)?;
     cfg.validate()?;
-    if cfg.backend == Backend::Mpi && !cfg!(feature = "mpi") {
-        bail!(
-            "invalid setting `backend` = mpi: this binary was built without MPI support; rebuild with `cargo build -p localsgd-trainer --features mpi` and launch under mpirun, or use `backend = \"threads\"`"
-        );
-    }
     Ok(cfg)
+}
+
+/// Refuse a backend this binary was built without, naming the feature that brings it.
+fn check_backend_built(backend: Backend) -> Result<()> {
+    match backend {
+        Backend::Mpi if !cfg!(feature = "mpi") => bail!(
+            "invalid setting `backend` = mpi: this binary was built without MPI support; rebuild with `cargo build -p localsgd-trainer --features mpi` and launch under mpirun, or use `backend = \"threads\"`"
+        ),
+        Backend::Nccl if !cfg!(feature = "nccl") => bail!(
+            "invalid setting `backend` = nccl: this binary was built without NCCL support; rebuild with `cargo build -p localsgd-trainer --features nccl` and start one process per GPU with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (e.g. by torchrun), or use `backend = \"threads\"`"
+        ),
+        _ => Ok(()),
+    }
 }
 
 fn progress_bar(cfg: &TrainConfig) -> Option<Progress> {
@@ -92,9 +110,10 @@ fn progress_bar(cfg: &TrainConfig) -> Option<Progress> {
 
 fn train(flags: &ConfigFlags) -> Result<()> {
     let cfg = resolve(flags)?;
-    if cfg.backend == Backend::Mpi {
-        #[cfg(feature = "mpi")]
-        return mpi_train::train(flags, cfg);
+    if cfg.backend != Backend::Threads {
+        // `resolve` refused a backend this binary was built without.
+        #[cfg(any(feature = "mpi", feature = "nccl"))]
+        return process_train::train(flags, cfg);
     }
     let data = run::load_data(&cfg).context("loading the data set")?;
     let dir = prepare_run_dir(&cfg)?;
@@ -194,7 +213,13 @@ fn report(
 }
 
 fn compare(flags: &ConfigFlags) -> Result<()> {
-    let base = resolve(flags)?;
+    let base = resolve_settings(flags)?;
+    if base.backend != Backend::Threads {
+        bail!(
+            "invalid setting `backend` = {} for `compare`: it runs the three algorithms one after another with thread workers in this process; drop the setting (or set `backend = \"threads\"`)",
+            format!("{:?}", base.backend).to_lowercase()
+        );
+    }
     let data = run::load_data(&base).context("loading the data set")?;
     println!(
         "comparing on {:?} with {} workers, seed {}, batch {} per worker",

@@ -177,3 +177,51 @@ fn every_setting_is_both_a_toml_key_and_a_flag() {
         .collect();
     assert_eq!(keys, flags);
 }
+
+#[test]
+fn backends_this_binary_lacks_are_refused_naming_the_feature() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let r = run.to_str().unwrap();
+    for (backend, built) in [
+        ("mpi", cfg!(feature = "mpi")),
+        ("nccl", cfg!(feature = "nccl")),
+    ] {
+        if built {
+            println!("{backend}: built in, not refused (tested by its own test file)");
+            continue;
+        }
+        assert_rejected(
+            &["train", "--run-dir", r, "--backend", backend],
+            &format!("invalid setting `backend` = {backend}: this binary was built without"),
+            &run,
+        );
+        assert_rejected(
+            &["train", "--run-dir", r, "--backend", backend],
+            &format!("--features {backend}"),
+            &run,
+        );
+        assert_rejected(
+            &["bench-comm", "--backend", backend, "--floats", "16"],
+            &format!("--features {backend}"),
+            &run,
+        );
+    }
+}
+
+#[test]
+fn compare_refuses_a_one_process_per_rank_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    assert_rejected(
+        &[
+            "compare",
+            "--run-dir",
+            run.to_str().unwrap(),
+            "--backend",
+            "mpi",
+        ],
+        "invalid setting `backend` = mpi for `compare`",
+        &run,
+    );
+}

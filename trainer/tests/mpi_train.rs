@@ -4,16 +4,13 @@
 //! test launches the binary.
 #![cfg(feature = "mpi")]
 
-use localsgd_comm::params::FlatBuffer;
-use localsgd_trainer::algorithm::AlgorithmSpec;
-use localsgd_trainer::checkpoint::{CheckpointDir, RunIdentity};
-use localsgd_trainer::config::{AlgorithmKind, TrainConfig};
+mod one_process_per_rank;
+
+use one_process_per_rank::{BIN, args, final_params, run_threads, show};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-
-const BIN: &str = env!("CARGO_BIN_EXE_localsgd");
 
 /// One MPI job at a time (oversubscribed jobs side by side only slow each other down).
 static ONE_JOB: Mutex<()> = Mutex::new(());
@@ -28,52 +25,6 @@ fn mpirun_cmd(ranks: usize) -> Command {
     c
 }
 
-fn show(out: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
-/// Settings shared by both backends: the digits data, 2 ranks, enough steps to cross warmup and
-/// several averaging periods and an epoch boundary (1437 rows / 2 ranks / 32 = 23 batches).
-fn args(run_dir: &Path, steps: u64) -> Vec<String> {
-    [
-        "train",
-        "--algorithm",
-        "post-local-sgd",
-        "--warmup",
-        "10",
-        "--period",
-        "4",
-        "--steps",
-        &steps.to_string(),
-        "--log-every",
-        "5",
-        "--checkpoint-every",
-        "20",
-        "--progress",
-        "false",
-        "--run-dir",
-        &run_dir.display().to_string(),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
-}
-
-fn run_threads(workers: usize, extra: &[String]) -> Output {
-    let out = Command::new(BIN)
-        .args(extra)
-        .args(["--workers", &workers.to_string()])
-        .output()
-        .expect("run localsgd");
-    assert!(out.status.success(), "{}", show(&out));
-    out
-}
-
 fn run_mpi(ranks: usize, extra: &[String]) -> Output {
     let _one = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
     let out = mpirun_cmd(ranks)
@@ -83,33 +34,6 @@ fn run_mpi(ranks: usize, extra: &[String]) -> Output {
         .expect("run mpirun (is OpenMPI installed?)");
     println!("{}", show(&out));
     out
-}
-
-/// Every rank's final parameters from the latest checkpoint of a run directory.
-fn final_params(dir: &Path, workers: usize) -> Vec<Vec<f32>> {
-    let cfg = TrainConfig {
-        workers,
-        algorithm: AlgorithmKind::PostLocalSgd,
-        warmup: 10,
-        period: 4,
-        ..TrainConfig::default()
-    };
-    let identity = RunIdentity {
-        world_size: workers,
-        algorithm: AlgorithmSpec::from_config(&cfg).unwrap().identity(),
-    };
-    (0..workers)
-        .map(|r| {
-            match CheckpointDir::new(dir)
-                .load_rank(r, &identity)
-                .unwrap()
-                .params
-            {
-                FlatBuffer::F32(v) => v,
-                other => panic!("unexpected parameter type {other:?}"),
-            }
-        })
-        .collect()
 }
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
@@ -224,7 +148,7 @@ fn explicit_workers_must_equal_the_mpi_world_size() {
     let out = run_mpi(2, &a);
     assert_eq!(out.status.code(), Some(2), "{}", show(&out));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let msg = "invalid setting `workers` = 3: under MPI the number of workers is the MPI world size, 2 here";
+    let msg = "invalid setting `workers` = 3: under MPI the number of workers is the world size, 2 here (`mpirun -np 2`)";
     assert_eq!(stderr.matches(msg).count(), 1, "{stderr}");
     // Nothing was written.
     assert!(!dir.path().join("config.toml").exists());

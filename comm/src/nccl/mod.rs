@@ -71,6 +71,8 @@
 mod group;
 pub mod library;
 pub mod rendezvous;
+#[doc(hidden)]
+pub mod stand_in;
 mod watchdog;
 
 pub use group::NcclGroup;

@@ -1,17 +1,18 @@
-//! `localsgd train --backend mpi` (part of the binary, built with the `mpi` feature): one rank per
-//! process under `mpirun`. Rank 0 prints and writes the run directory; every rank writes its own
-//! checkpoint file into it, so with several machines the run directory must be on a shared
-//! file system.
+//! `localsgd train --backend mpi|nccl` (part of the binary, built with the `mpi` or `nccl`
+//! feature): one rank per process, started by `mpirun` or by a torchrun-style launcher. Rank 0
+//! prints and writes the run directory; every rank writes its own checkpoint file into it, so
+//! with several machines the run directory must be on a shared file system.
 //!
-//! Failure handling follows MPI's rules. Errors every rank detects identically before any
-//! training (configuration, world size) are printed once by rank 0 and every rank exits with
-//! code 2 after finalising MPI. Any later error on one rank (data, a peer, a collective timeout)
-//! is printed with the rank and ends the whole job through `MPI_Abort` (exit code 2): returning
-//! normally would leave the other ranks waiting in their next collective.
+//! Errors every rank detects identically before any training (configuration, world size) are
+//! printed once by rank 0 and every rank exits with code 2 after leaving the world normally.
+//! Any later error on one rank (data, a peer, a collective timeout) is printed with the rank
+//! and ends the job (exit code 2): through `MPI_Abort` for MPI; for NCCL the rank exits and its
+//! peers fail at their next collective, within the collective timeout. Returning normally
+//! would leave the other ranks waiting in their next collective.
 
+use crate::process_world::ProcessWorld;
 use crate::{RunTotals, WorkerResult, prepare_run_dir, progress_bar, report};
 use anyhow::{Context, Result, bail};
-use localsgd_comm::mpi::{MpiConfig, MpiWorld};
 use localsgd_comm::{Group, GroupExt};
 use localsgd_trainer::cli::ConfigFlags;
 use localsgd_trainer::config::TrainConfig;
@@ -21,67 +22,69 @@ use std::time::{Duration, Instant};
 /// Exit code of a rank that fails (the same as the thread backend's `error:` exit).
 const FAILURE_EXIT_CODE: i32 = 2;
 
-/// Train one rank of an MPI job. Never returns an error after MPI is up: failures end the
-/// process (see the module notes).
+/// Train one rank of a one-process-per-rank job. Never returns an error after the world is up:
+/// failures end the process (see the module notes).
 pub(crate) fn train(flags: &ConfigFlags, cfg: TrainConfig) -> Result<()> {
-    let config = MpiConfig::default().with_timeout(Duration::from_secs(cfg.timeout_secs));
-    let (world, group) = MpiWorld::init_with(config).context("starting MPI")?;
-    let rank = group.rank();
-    let size = group.size();
+    let world = ProcessWorld::start(cfg.backend, Duration::from_secs(cfg.timeout_secs))?;
+    let rank = world.group.rank();
+    let size = world.group.size();
 
     // Deterministic checks: every rank reaches the same verdict, so rank 0 alone reports it and
-    // everyone leaves through MPI_Finalize (no abort, no duplicated messages).
-    let cfg = match settle_world_size(flags, cfg, size) {
+    // everyone leaves normally (no abort, no duplicated messages).
+    let cfg = match settle_world_size(flags, cfg, &world) {
         Ok(cfg) => cfg,
         Err(e) => {
             if rank == 0 {
                 say(&format!("error: {e:#}"));
             }
-            drop(world);
+            world.finish();
             std::process::exit(FAILURE_EXIT_CODE);
         }
     };
-    match train_rank(&cfg, &group) {
+    match train_rank(&cfg, &world) {
         Ok(()) => {
-            // Finalise only once every rank is done (rank 0's report takes a moment).
-            if let Err(e) = group.barrier() {
+            // Leave only once every rank is done (rank 0's report takes a moment).
+            if let Err(e) = world.group.barrier() {
                 say(&format!(
                     "error on rank {rank} of {size}: final barrier: {e}"
                 ));
                 world.abort(FAILURE_EXIT_CODE);
             }
-            drop(world);
+            world.finish();
             Ok(())
         }
         Err(e) => {
             say(&format!(
                 "error on rank {rank} of {size} ({}): {e:#}",
-                world.processor_name()
+                world.whereabouts()
             ));
             world.abort(FAILURE_EXIT_CODE)
         }
     }
 }
 
-/// Print one message to stderr in a single write, so that `mpirun`, which forwards every rank's
-/// output as it arrives, does not interleave two ranks' messages mid-line.
+/// Print one message to stderr in a single write, so that a launcher that forwards every
+/// rank's output as it arrives does not interleave two ranks' messages mid-line.
 fn say(message: &str) {
     use std::io::Write;
     let line = format!("{message}\n");
     let _ = std::io::stderr().write_all(line.as_bytes());
 }
 
-/// `workers` defaults to the MPI world size; an explicit value must match it.
+/// `workers` defaults to the world size; an explicit value must match it.
 fn settle_world_size(
     flags: &ConfigFlags,
     mut cfg: TrainConfig,
-    size: usize,
+    world: &ProcessWorld,
 ) -> Result<TrainConfig> {
+    let size = world.group.size();
     let given = flags.workers_given().map_err(anyhow::Error::msg)?;
     if given && cfg.workers != size {
         bail!(
-            "invalid setting `workers` = {}: under MPI the number of workers is the MPI world size, {size} here (`mpirun -np {size}`); drop the setting or set it to {size}",
-            cfg.workers
+            "invalid setting `workers` = {}: under {name} the number of workers is the world size, {size} here ({hint}); drop the setting or set it to {size}",
+            cfg.workers,
+            name = world.name(),
+            hint = world.size_hint(size)
         );
     }
     cfg.workers = size;
@@ -105,8 +108,8 @@ fn limit_compute_threads(local: usize) {
         .build_global();
 }
 
-/// The intra-node groups (MPI's shared-memory split, the same split the hooks use), as lists of
-/// world ranks, and the size of this rank's group. Collective.
+/// The intra-node groups (the backend's split by host, the same split the hooks use), as lists
+/// of world ranks, and the size of this rank's group. Collective.
 fn host_layout(group: &Group) -> Result<(Vec<Vec<usize>>, usize)> {
     let node = group.intra_node().context("splitting the world by host")?;
     let leaders =
@@ -121,14 +124,16 @@ fn host_layout(group: &Group) -> Result<(Vec<Vec<usize>>, usize)> {
     Ok((groups.into_iter().map(|(_, m)| m).collect(), node.size()))
 }
 
-fn train_rank(cfg: &TrainConfig, group: &Group) -> Result<()> {
+fn train_rank(cfg: &TrainConfig, world: &ProcessWorld) -> Result<()> {
+    let group = &world.group;
     let rank = group.rank();
     let (hosts, local) = host_layout(group)?;
     limit_compute_threads(local);
     if rank == 0 {
         let groups: Vec<String> = hosts.iter().map(|g| format!("{g:?}")).collect();
         println!(
-            "MPI: {} ranks on {} host(s); intra-node groups (world ranks): {}",
+            "{}: {} ranks on {} host(s); intra-node groups (world ranks): {}",
+            world.name(),
             group.size(),
             hosts.len(),
             groups.join(" ")
