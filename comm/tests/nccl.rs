@@ -6,7 +6,7 @@
 
 use localsgd_comm::CommError;
 use localsgd_comm::nccl::rendezvous::split_host_port;
-use localsgd_comm::nccl::{NcclConfig, NcclWorld, TcpRendezvous, try_load_nccl};
+use localsgd_comm::nccl::{NcclConfig, NcclWorld, TcpRendezvous, stand_in, try_load_nccl};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -305,17 +305,9 @@ fn stand_in_nccl(name: &str, version: u32, symbols: &[&str]) -> String {
     let src = dir.join("stand_in.c");
     std::fs::write(&src, c).expect("write the stand-in's source");
     let lib = dir.join("libnccl.so.2");
-    let out = Command::new("cc")
-        .args(["-shared", "-fPIC", "-o"])
-        .arg(&lib)
-        .arg(&src)
-        .output()
-        .expect("run cc (the C compiler Rust links with)");
-    assert!(
-        out.status.success(),
-        "cc failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    if let Err(e) = stand_in::compile(&src, &lib, &[]) {
+        panic!("{e}");
+    }
     lib.to_string_lossy().into_owned()
 }
 

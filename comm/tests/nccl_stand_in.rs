@@ -127,7 +127,7 @@ fn two_ranks(
     rank1.join().expect("rank 1 finished");
 }
 
-/// A peer that never joins: rank 0's all-reduce is enqueued, its stream stays busy, and after
+/// A peer that never calls the collective: rank 0's all-reduce is enqueued, its stream stays busy, and after
 /// the group timeout the wait gives up with `Timeout` naming rank 1, aborts the communicator
 /// (which ends the enqueued work), and every later call is refused.
 #[test]

@@ -173,6 +173,6 @@ fn process(_flags: &BenchCommFlags, backend: Backend) -> Result<Option<Vec<Row>>
     // Unreachable in practice: `run` refused the backend already.
     bail!(
         "invalid --backend {}: not available in this binary",
-        format!("{backend:?}").to_lowercase()
+        backend.name()
     )
 }

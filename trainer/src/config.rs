@@ -18,6 +18,17 @@ pub enum Backend {
     Nccl,
 }
 
+impl Backend {
+    /// The value as written in a config file or a flag: `threads`, `mpi` or `nccl`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Threads => "threads",
+            Backend::Mpi => "mpi",
+            Backend::Nccl => "nccl",
+        }
+    }
+}
+
 /// Where each rank computes forward/backward and the optimizer step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]

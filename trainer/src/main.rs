@@ -79,7 +79,7 @@ fn check_backend_built(backend: Backend) -> Result<()> {
             "invalid setting `backend` = mpi: this binary was built without MPI support; rebuild with `cargo build -p localsgd-trainer --features mpi` and launch under mpirun, or use `backend = \"threads\"`"
         ),
         Backend::Nccl if !cfg!(feature = "nccl") => bail!(
-            "invalid setting `backend` = nccl: this binary was built without NCCL support; rebuild with `cargo build -p localsgd-trainer --features nccl` and start one process per GPU with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (e.g. by torchrun), or use `backend = \"threads\"`"
+            "invalid setting `backend` = nccl: this binary was built without NCCL support; rebuild with `cargo build -p localsgd-trainer --features nccl` and start one process per GPU with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (e.g. by `torchrun --no-python`), or use `backend = \"threads\"`"
         ),
         _ => Ok(()),
     }
@@ -217,7 +217,7 @@ fn compare(flags: &ConfigFlags) -> Result<()> {
     if base.backend != Backend::Threads {
         bail!(
             "invalid setting `backend` = {} for `compare`: it runs the three algorithms one after another with thread workers in this process; drop the setting (or set `backend = \"threads\"`)",
-            format!("{:?}", base.backend).to_lowercase()
+            base.backend.name()
         );
     }
     let data = run::load_data(&base).context("loading the data set")?;

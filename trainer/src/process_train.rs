@@ -7,8 +7,9 @@
 //! printed once by rank 0 and every rank exits with code 2 after leaving the world normally.
 //! Any later error on one rank (data, a peer, a collective timeout) is printed with the rank
 //! and ends the job (exit code 2): through `MPI_Abort` for MPI; for NCCL the rank exits and its
-//! peers fail at their next collective, within the collective timeout. Returning normally
-//! would leave the other ranks waiting in their next collective.
+//! peers fail at their next collective after the collective timeout (or, blocked inside NCCL,
+//! are ended by the watchdog). Returning normally would leave the other ranks waiting in their
+//! next collective.
 
 use crate::process_world::ProcessWorld;
 use crate::{RunTotals, WorkerResult, prepare_run_dir, progress_bar, report};

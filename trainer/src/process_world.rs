@@ -5,7 +5,8 @@
 //!
 //! How a rank ends the job after an error differs: MPI ends every process at once
 //! (`MPI_Abort`); NCCL has no such call, so the failing rank exits and its peers fail at their
-//! next collective, after the collective timeout at the latest.
+//! next collective after the collective timeout (or, blocked inside NCCL, are ended by the
+//! watchdog, exit code 70).
 
 use anyhow::{Context, Result};
 use localsgd_comm::Group;
@@ -55,7 +56,7 @@ impl ProcessWorld {
             }
             other => anyhow::bail!(
                 "backend {} is not a one-process-per-rank backend of this binary",
-                format!("{other:?}").to_lowercase()
+                other.name()
             ),
         }
     }

@@ -326,6 +326,7 @@ impl NcclGroup {
     fn wait(&self, st: &mut DeviceState, sig: &CallSignature) -> Result<(), CommError> {
         let stream = st.stream.cu_stream();
         let start = st.started;
+        let spin_start = Instant::now();
         let mut polls: u64 = 0;
         loop {
             // SAFETY: the group's live stream.
@@ -374,7 +375,7 @@ impl NcclGroup {
                     group: self.world_ranks.to_vec(),
                 });
             }
-            if waited < SPIN {
+            if spin_start.elapsed() < SPIN {
                 std::thread::yield_now();
             } else {
                 std::thread::sleep(NAP);
@@ -402,32 +403,57 @@ impl NcclGroup {
         }
         let st = &mut *st;
         st.started = Instant::now();
-        lib::no_panic(sig, || {
-            // cudarc keeps the first error of its own clean-ups (a freed stream or event) and
-            // `bind_to_thread` would return it: report it here, then bind. A bind that fails
-            // after that aborts the group, so that this rank never skips a collective its peers
-            // run and then carries on out of step.
-            if let Err(e) = self.runtime.ctx.check_err() {
-                tracing::warn!(
-                    "an earlier CUDA clean-up failed: {} (noticed before {sig})",
-                    lib::cuda_error(&e)
-                );
-            }
-            if let Err(e) = self.runtime.ctx.bind_to_thread() {
-                return Err(self.fail(st, &sig, "binding the CUDA context", lib::cuda_error(&e)));
-            }
-            let _watch = self.runtime.watchdog.watch(
-                What::Call(sig),
-                &self.world_ranks,
-                watchdog::limit(self.config.timeout),
+        // Everything below, aborts included (they can block inside NCCL), is watched.
+        let _watch = self.runtime.watchdog.watch(
+            What::Call(sig),
+            &self.world_ranks,
+            watchdog::limit(self.config.timeout),
+        );
+        let mut returned = false;
+        let result = lib::no_panic(sig, || {
+            let r = self.bind_and_run(st, &sig, body);
+            returned = true;
+            r
+        });
+        if !returned && st.aborted.is_none() {
+            // A panic inside the CUDA bindings: the stream may hold work of this collective
+            // and the peers may be inside it. Abort (and drain) as for any other failure.
+            self.abort(st, &format!("{sig}: the CUDA bindings panicked"));
+        }
+        result
+    }
+
+    /// Bind the CUDA context, check the signature (if enabled), run `body`, count the traffic.
+    fn bind_and_run<R>(
+        &self,
+        st: &mut DeviceState,
+        sig: &CallSignature,
+        body: impl FnOnce(&mut DeviceState) -> Result<R, CommError>,
+    ) -> Result<R, CommError> {
+        // cudarc keeps the latest error of its own clean-ups (a freed stream or event), and
+        // `bind_to_thread` would return it: report it here, then bind. Another thread's
+        // clean-up can store one in between, hence one retry. A bind that still fails aborts
+        // the group, so that this rank never skips a collective its peers run and then
+        // carries on out of step.
+        if let Err(e) = self.runtime.ctx.check_err() {
+            tracing::warn!(
+                "an earlier CUDA clean-up failed: {} (noticed before {sig})",
+                lib::cuda_error(&e)
             );
-            if self.config.signature_check {
-                self.check_signature(st, &sig)?;
-            }
-            let out = body(st)?;
-            self.traffic.record(&sig);
-            Ok(out)
-        })
+        }
+        let bound = self.runtime.ctx.bind_to_thread().or_else(|_| {
+            let _ = self.runtime.ctx.check_err();
+            self.runtime.ctx.bind_to_thread()
+        });
+        if let Err(e) = bound {
+            return Err(self.fail(st, sig, "binding the CUDA context", lib::cuda_error(&e)));
+        }
+        if self.config.signature_check {
+            self.check_signature(st, sig)?;
+        }
+        let out = body(st)?;
+        self.traffic.record(sig);
+        Ok(out)
     }
 
     /// All-gather `local.len()` words per rank, inside a collective.
@@ -729,6 +755,16 @@ impl Drop for NcclGroup {
         let world_ranks = self.world_ranks.clone();
         let timeout = self.config.timeout;
         let watchdog = &self.runtime.watchdog;
+        // Destroying (or aborting) a communicator can wait for its peers: watched throughout.
+        let _watch = watchdog.watch(
+            What::Named(if aborted {
+                "releasing an aborted NCCL group".into()
+            } else {
+                "ncclCommDestroy".into()
+            }),
+            &world_ranks,
+            watchdog::limit(timeout),
+        );
         let _ = lib::no_panic("dropping an NCCL group", || {
             // A stored error from an earlier cudarc clean-up must not stop this one.
             let _ = ctx.check_err();
@@ -746,11 +782,6 @@ impl Drop for NcclGroup {
                 let _ = unsafe { cu::free_sync(scratch) };
             }
             if !aborted {
-                let _watch = watchdog.watch(
-                    What::Named("ncclCommDestroy".into()),
-                    &world_ranks,
-                    watchdog::limit(timeout),
-                );
                 // SAFETY: a live communicator of this process, never used again.
                 let rc = unsafe { (nccl.comm_destroy)(comm.0) };
                 if rc != NCCL_SUCCESS {

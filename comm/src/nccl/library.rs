@@ -142,9 +142,8 @@ impl Nccl {
         }
         if version < MIN_NCCL_VERSION {
             return Err(format!(
-                "{path} is NCCL {}; this backend needs NCCL {} or newer (bf16 reductions, \
-                 error strings): install a newer libnccl2 or nvidia-nccl-cu12 wheel, or point \
-                 {NCCL_LIB_ENV} at one",
+                "{path} is NCCL {}; this backend supports NCCL {} or newer: install a newer \
+                 libnccl2 or nvidia-nccl-cu12 wheel, or point {NCCL_LIB_ENV} at one",
                 version_string(version),
                 version_string(MIN_NCCL_VERSION)
             ));

@@ -450,9 +450,11 @@ impl NcclWorld {
                     backend: "nccl",
                     message: format!(
                         "ncclCommInitRank (rank {rank} of {size}) returned \"in progress\": \
-                         NCCL_COMM_BLOCKING={} makes communicators non-blocking, which this \
-                         backend does not support; unset it or set it to 1",
-                        std::env::var("NCCL_COMM_BLOCKING").unwrap_or_default()
+                         NCCL_COMM_BLOCKING=0 (in the environment{}, or in nccl.conf) makes \
+                         communicators non-blocking, which this backend does not support; \
+                         unset it or set it to 1",
+                        std::env::var("NCCL_COMM_BLOCKING")
+                            .map_or_else(|_| String::new(), |v| format!(": it is {v:?}"))
                     ),
                 });
             }

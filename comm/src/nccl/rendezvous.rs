@@ -120,9 +120,18 @@ impl TcpRendezvous {
         make_id: impl FnOnce() -> Result<[u8; 128], CommError>,
     ) -> Result<RendezvousOutcome, CommError> {
         let listener = TcpListener::bind(addrs).map_err(|e| {
+            // torchrun >= 2.4 keeps its own store on MASTER_ADDR:MASTER_PORT.
+            let torchrun = if std::env::var_os("TORCHELASTIC_USE_AGENT_STORE").is_some()
+                && std::env::var_os("LOCALSGD_MASTER_PORT").is_none()
+            {
+                "; under torchrun, whose agent already listens on MASTER_PORT, give this \
+                 rendezvous its own port with LOCALSGD_MASTER_PORT"
+            } else {
+                ""
+            };
             self.err(format!(
                 "rank 0 cannot listen on {addrs:?} ({e}); is the port already in use (another \
-                 job, or a previous run still exiting)? Choose another port or wait"
+                 job, or a previous run still exiting)? Choose another port or wait{torchrun}"
             ))
         })?;
         let id = make_id()?;

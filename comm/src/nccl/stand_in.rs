@@ -4,63 +4,93 @@
 //! them. Used by this crate's `nccl_stand_in` tests and the trainer's `nccl_train` tests. The
 //! stand-ins say nothing about real GPUs or real NCCL.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const CUDA_C: &str = include_str!("../../tests/stand_in/cuda.c");
 const NCCL_C: &str = include_str!("../../tests/stand_in/nccl.c");
 const HEADER: &str = include_str!("../../tests/stand_in/stand_in.h");
 
-/// Build the stand-ins into `dir` (created, and emptied first): `libcuda.so.1`, a copy named
-/// `libcuda.so` (the names cudarc and this crate's probe try), `libnccl.so.2` (without
-/// `ncclCommSplit` when `with_split` is false, like NCCL before 2.18), and an empty
-/// `exchange/` directory for the ranks' data. Runs `cc`.
-pub fn build(dir: &Path, with_split: bool) -> Result<(), String> {
+/// Why the stand-ins could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum StandInError {
+    /// A file or directory could not be written.
+    #[error("{what} {}: {source}", path.display())]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// `cc` could not be run, or failed.
+    #[error("cc {}: {message}", source_file.display())]
+    Compiler {
+        /// The C file.
+        source_file: PathBuf,
+        /// What went wrong (`cc`'s standard error when it ran).
+        message: String,
+    },
+}
+
+fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> StandInError {
+    let path = path.to_path_buf();
+    move |source| StandInError::Io { what, path, source }
+}
+
+/// Build the stand-ins into `dir` (created, and emptied first): `libcuda.so.1` (with that
+/// soname), a link to it named `libcuda.so` (the names cudarc and this crate's probe try),
+/// `libnccl.so.2` (without `ncclCommSplit` when `with_split` is false, like NCCL before 2.18),
+/// and an empty `exchange/` directory for the ranks' data. Runs `cc`.
+pub fn build(dir: &Path, with_split: bool) -> Result<(), StandInError> {
     let _ = std::fs::remove_dir_all(dir);
     let src = dir.join("src");
-    std::fs::create_dir_all(dir.join("exchange"))
-        .and_then(|_| std::fs::create_dir_all(&src))
-        .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    std::fs::create_dir_all(&src).map_err(io("creating", &src))?;
+    std::fs::create_dir_all(dir.join("exchange")).map_err(io("creating", dir))?;
     for (name, text) in [
         ("cuda.c", CUDA_C),
         ("nccl.c", NCCL_C),
         ("stand_in.h", HEADER),
     ] {
-        std::fs::write(src.join(name), text)
-            .map_err(|e| format!("writing {}: {e}", src.join(name).display()))?;
+        std::fs::write(src.join(name), text).map_err(io("writing", &src.join(name)))?;
     }
+    let cuda = dir.join("libcuda.so.1");
+    compile(&src.join("cuda.c"), &cuda, &["-Wl,-soname,libcuda.so.1"])?;
     let split: &[&str] = if with_split { &[] } else { &["-DNO_SPLIT"] };
-    compile(&src.join("cuda.c"), &dir.join("libcuda.so.1"), &[])?;
     compile(&src.join("nccl.c"), &dir.join("libnccl.so.2"), split)?;
-    std::fs::copy(dir.join("libcuda.so.1"), dir.join("libcuda.so"))
-        .map_err(|e| format!("copying libcuda.so.1: {e}"))?;
+    std::os::unix::fs::symlink("libcuda.so.1", dir.join("libcuda.so"))
+        .map_err(io("linking", &dir.join("libcuda.so")))?;
     Ok(())
 }
 
-fn compile(src: &Path, out: &Path, defines: &[&str]) -> Result<(), String> {
+/// Compile one C file into a shared library `out` (with `-pthread -lm -ldl` and `flags`).
+pub fn compile(source_file: &Path, out: &Path, flags: &[&str]) -> Result<(), StandInError> {
     let result = Command::new("cc")
         .args(["-shared", "-fPIC", "-pthread", "-O1", "-std=gnu11"])
-        .args(defines)
+        .args(flags)
         .arg("-o")
         .arg(out)
-        .arg(src)
-        .arg("-lm")
+        .arg(source_file)
+        .args(["-lm", "-ldl"])
         .output()
-        .map_err(|e| format!("running cc (the C compiler Rust links with): {e}"))?;
+        .map_err(|e| StandInError::Compiler {
+            source_file: source_file.to_path_buf(),
+            message: format!("cannot run cc (the C compiler Rust links with): {e}"),
+        })?;
     if result.status.success() {
         Ok(())
     } else {
-        Err(format!(
-            "cc {} failed: {}",
-            src.display(),
-            String::from_utf8_lossy(&result.stderr)
-        ))
+        Err(StandInError::Compiler {
+            source_file: source_file.to_path_buf(),
+            message: String::from_utf8_lossy(&result.stderr).into_owned(),
+        })
     }
 }
 
 /// Make `cmd` load the stand-ins built in `dir` (first on `LD_LIBRARY_PATH`, which the dynamic
 /// loader reads only at start-up, hence a child process), report `gpus` devices, run burn on
-/// one thread, and ignore any rank or library settings inherited from this process.
+/// one thread, and drop every rank, world or library setting inherited from this process.
 pub fn configure(cmd: &mut Command, dir: &Path, gpus: usize) {
     let path = match std::env::var("LD_LIBRARY_PATH") {
         Ok(p) if !p.is_empty() => format!("{}:{p}", dir.display()),
@@ -69,8 +99,15 @@ pub fn configure(cmd: &mut Command, dir: &Path, gpus: usize) {
     cmd.env("LD_LIBRARY_PATH", path)
         .env("STAND_IN_NCCL_DIR", dir.join("exchange"))
         .env("STAND_IN_GPUS", gpus.to_string())
-        .env("RAYON_NUM_THREADS", "1")
-        .env_remove("LOCALSGD_NCCL_LIB")
-        .env_remove("LOCALSGD_RANK")
-        .env_remove("RANK");
+        .env("RAYON_NUM_THREADS", "1");
+    for name in [
+        "NCCL_LIB",
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    ] {
+        cmd.env_remove(format!("LOCALSGD_{name}")).env_remove(name);
+    }
 }

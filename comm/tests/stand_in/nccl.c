@@ -6,9 +6,13 @@
  * busy (stand_in.h) until it is done; one that fails (a peer never came) stays busy, with the
  * error in ncclCommGetAsyncError, until the communicator is aborted. Reductions run in rank
  * order, accumulating in double. Compiled with -DNO_SPLIT it has no ncclCommSplit, like NCCL
- * before 2.18. It says nothing about real GPUs or real NCCL.
+ * before 2.18. Every buffer must lie inside memory of the stand-in driver
+ * (stand_in_device_range_ok). It says nothing about real GPUs or real NCCL.
  *
- * STAND_IN_NCCL_VERSION sets what ncclGetVersion reports (default 22105, i.e. 2.21.5). */
+ * STAND_IN_NCCL_VERSION sets what ncclGetVersion reports (default 22105, i.e. 2.21.5);
+ * STAND_IN_NCCL_PATIENCE how many seconds a barrier waits for a missing peer before the
+ * collective fails (default 900, longer than any collective timeout the tests set). */
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
@@ -36,17 +40,33 @@ typedef struct comm {
     pthread_t worker; /* the running or last collective */
     int has_worker;
     struct stand_in_stream *stuck; /* the stream of a failed collective, busy until abort */
+    char last_error[512];
 } comm_t;
 
 enum { ok = 0, system_error = 2, internal_error = 3, invalid_argument = 4 };
 enum { t_u64 = 5, t_f16 = 6, t_f32 = 7, t_f64 = 8, t_bf16 = 9 };
 enum { op_sum = 0, op_max = 2, op_min = 3 };
 
-static char last_error[512];
+/* The last error of calls without a communicator, per thread; those of a communicator are
+ * kept in it (a collective fails on its own thread, and ncclGetLastError asks later). */
+static __thread char last_error[512];
 
-static int fail(int code, const char *what) {
-    snprintf(last_error, sizeof last_error, "stand-in NCCL: %s", what);
+static int fail_on(comm_t *c, int code, const char *what) {
+    snprintf(c ? c->last_error : last_error, sizeof last_error, "stand-in NCCL: %s", what);
     return code;
+}
+
+static int fail(int code, const char *what) { return fail_on(NULL, code, what); }
+
+/* The stand-in driver's check that a buffer is device memory, found in the instance cudarc
+ * loaded (its soname is libcuda.so.1). Without the stand-in driver every buffer is refused. */
+static int range_ok(const void *p, size_t bytes) {
+    static int (*_Atomic check)(const void *, size_t);
+    if (!check) {
+        void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+        if (h) check = (int (*)(const void *, size_t))dlsym(h, "stand_in_device_range_ok");
+    }
+    return check && (bytes == 0 || check(p, bytes));
 }
 
 static const char *dir(void) {
@@ -70,7 +90,7 @@ const char *ncclGetErrorString(int rc) {
     }
 }
 
-const char *ncclGetLastError(void *comm) { (void)comm; return last_error; }
+const char *ncclGetLastError(comm_t *comm) { return comm ? comm->last_error : last_error; }
 
 int ncclGetUniqueId(ncclUniqueId *id) {
     static _Atomic unsigned counter;
@@ -112,10 +132,13 @@ static int barrier(comm_t *c) {
     atomic_fetch_add(c->counter, 1);
     struct timespec start, now, nap = {0, 20000};
     clock_gettime(CLOCK_MONOTONIC, &start);
+    const char *p = getenv("STAND_IN_NCCL_PATIENCE");
+    long patience = p ? atol(p) : 900;
     while (atomic_load(c->counter) < b * (unsigned long long)c->n) {
-        if (atomic_load(&c->aborted)) return fail(system_error, "communicator aborted");
+        if (atomic_load(&c->aborted)) return fail_on(c, system_error, "communicator aborted");
         clock_gettime(CLOCK_MONOTONIC, &now);
-        if (now.tv_sec - start.tv_sec > 60) return fail(system_error, "a peer never arrived");
+        if (now.tv_sec - start.tv_sec > patience)
+            return fail_on(c, system_error, "a peer never arrived");
         nanosleep(&nap, NULL);
     }
     return ok;
@@ -127,22 +150,22 @@ static int exchange(comm_t *c, const void *mine, size_t bytes, char *all) {
     char path[512];
     snprintf(path, sizeof path, "%s/%s.%llu.%d", dir(), c->name, seq, c->rank);
     FILE *f = fopen(path, "wb");
-    if (!f) return fail(system_error, "cannot write the exchange file");
+    if (!f) return fail_on(c, system_error, "cannot write the exchange file");
     size_t w = bytes ? fwrite(mine, 1, bytes, f) : 0;
-    if (fclose(f) != 0 || w != bytes) return fail(system_error, "short write");
+    if (fclose(f) != 0 || w != bytes) return fail_on(c, system_error, "short write");
     int rc = barrier(c);
     if (rc != ok) return rc;
     for (int r = 0; r < c->n; r++) {
         char peer[512];
         snprintf(peer, sizeof peer, "%s/%s.%llu.%d", dir(), c->name, seq, r);
         FILE *p = fopen(peer, "rb");
-        if (!p) return fail(system_error, "a peer's exchange file is missing");
+        if (!p) return fail_on(c, system_error, "a peer's exchange file is missing");
         long size = fseek(p, 0, SEEK_END) == 0 ? ftell(p) : -1;
         rewind(p);
         size_t got = bytes ? fread(all + (size_t)r * bytes, 1, bytes, p) : 0;
         fclose(p);
         if (size != (long)bytes || got != bytes)
-            return fail(invalid_argument, "peers passed different sizes");
+            return fail_on(c, invalid_argument, "peers passed different sizes");
     }
     rc = barrier(c);
     unlink(path);
@@ -257,7 +280,7 @@ static int all_reduce(struct job *j) {
     comm_t *c = j->c;
     size_t es = type_size(j->type), count = j->count, bytes = count * es;
     char *all = malloc(bytes * (size_t)c->n + 1);
-    if (!all) return fail(system_error, "out of memory");
+    if (!all) return fail_on(c, system_error, "out of memory");
     int rc = exchange(c, j->send, bytes, all);
     for (size_t i = 0; rc == ok && i < count; i++) {
         if (j->type == t_u64) {
@@ -286,7 +309,7 @@ static int broadcast(struct job *j) {
     comm_t *c = j->c;
     size_t bytes = j->count * type_size(j->type);
     char *all = malloc(bytes * (size_t)c->n + 1);
-    if (!all) return fail(system_error, "out of memory");
+    if (!all) return fail_on(c, system_error, "out of memory");
     /* Non-roots send their (ignored) receive buffer: sizes must still agree. */
     int rc = exchange(c, c->rank == j->root ? j->send : j->recv, bytes, all);
     if (rc == ok) memcpy(j->recv, all + (size_t)j->root * bytes, bytes);
@@ -312,24 +335,31 @@ static void *run_job(void *arg) {
 
 /* Check the arguments now (as NCCL does), then run the collective on a thread. */
 static int enqueue(struct job j) {
-    if (!type_size(j.type)) return fail(invalid_argument, "unknown datatype");
+    comm_t *c = j.c;
+    size_t es = type_size(j.type), bytes = j.count * es;
+    if (!es) return fail_on(c, invalid_argument, "unknown datatype");
     if (j.kind == k_all_reduce && j.op != op_sum && j.op != op_max && j.op != op_min)
-        return fail(invalid_argument, "unknown reduction");
-    if (j.kind == k_broadcast && (j.root < 0 || j.root >= j.c->n))
-        return fail(invalid_argument, "bad root");
-    if (!j.stream) return fail(invalid_argument, "the stand-in needs a stream");
-    if (atomic_load(&j.c->aborted) || j.c->stuck) return fail(invalid_argument, "communicator failed");
-    join_worker(j.c); /* stream order: the previous collective is done */
+        return fail_on(c, invalid_argument, "unknown reduction");
+    if (j.kind == k_broadcast && (j.root < 0 || j.root >= c->n))
+        return fail_on(c, invalid_argument, "bad root");
+    if (!j.stream) return fail_on(c, invalid_argument, "the stand-in needs a stream");
+    size_t out = j.kind == k_all_gather ? bytes * (size_t)c->n : bytes;
+    if (!range_ok(j.send, bytes) || !range_ok(j.recv, out))
+        return fail_on(c, invalid_argument,
+                       "a buffer is not (all) device memory of the stand-in driver");
+    join_worker(c); /* stream order: the previous collective is done */
+    if (atomic_load(&c->aborted) || c->stuck)
+        return fail_on(c, invalid_argument, "communicator failed earlier");
     struct job *h = malloc(sizeof *h);
-    if (!h) return fail(system_error, "out of memory");
+    if (!h) return fail_on(c, system_error, "out of memory");
     *h = j;
     atomic_fetch_add(&j.stream->pending, 1);
-    if (pthread_create(&j.c->worker, NULL, run_job, h) != 0) {
+    if (pthread_create(&c->worker, NULL, run_job, h) != 0) {
         atomic_fetch_sub(&j.stream->pending, 1);
         free(h);
-        return fail(system_error, "cannot start the collective's thread");
+        return fail_on(c, system_error, "cannot start the collective's thread");
     }
-    j.c->has_worker = 1;
+    c->has_worker = 1;
     return ok;
 }
 
