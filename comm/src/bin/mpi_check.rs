@@ -15,6 +15,10 @@
 //! - `bench [--signature-check]`: all-reduce time of 1 f32 (latency) and throughput at 1M and
 //!   16M f32; rank 0 prints `BENCH ...` lines.
 
+#[path = "../check_report.rs"]
+mod check_report;
+
+use check_report::Checker;
 use half::{bf16, f16};
 use localsgd_comm::mpi::{MpiConfig, MpiWorld};
 use localsgd_comm::throughput::{allreduce_gbps, default_iters};
@@ -58,35 +62,6 @@ fn init(config: MpiConfig) -> Result<(MpiWorld, Group), String> {
     MpiWorld::init_with(config).map_err(|e| format!("MpiWorld::init: {e}"))
 }
 
-/// Collects failed checks of one rank.
-struct Checker {
-    rank: usize,
-    failures: usize,
-}
-
-impl Checker {
-    fn check(&mut self, name: &str, ok: bool, detail: impl FnOnce() -> String) {
-        if ok {
-            if self.rank == 0 {
-                println!("PASS {name}");
-            }
-        } else {
-            self.failures += 1;
-            println!("FAIL rank {}: {name}: {}", self.rank, detail());
-        }
-    }
-
-    fn ok<T>(&mut self, name: &str, r: Result<T, CommError>) -> Option<T> {
-        match r {
-            Ok(v) => Some(v),
-            Err(e) => {
-                self.check(name, false, || format!("unexpected error: {e}"));
-                None
-            }
-        }
-    }
-}
-
 fn check(signature_check: bool, expect_hosts: Option<u64>) -> Result<(), String> {
     // Invalid settings are refused before MPI is touched.
     let zero = MpiWorld::init_with(MpiConfig::default().with_timeout(Duration::ZERO));
@@ -97,7 +72,7 @@ fn check(signature_check: bool, expect_hosts: Option<u64>) -> Result<(), String>
         .with_signature_check(signature_check);
     let (world, g) = init(config)?;
     let (rank, size) = (g.rank(), g.size());
-    let mut c = Checker { rank, failures: 0 };
+    let mut c = Checker::new(rank);
     c.check("zero timeout refused", zero_refused, || {
         "no InvalidConfig".into()
     });

@@ -17,10 +17,14 @@
 //! Exit codes: 0 all checks passed; 1 a check failed; 77 skipped (no GPU, no CUDA driver, no
 //! NCCL, or NCCL refused more ranks than GPUs), with a `SKIP: <reason>` line.
 
+#[path = "../check_report.rs"]
+mod check_report;
+
 use burn::nn::{Linear, LinearConfig};
 use burn::optim::{GradientsParams, SgdConfig};
 use burn::prelude::*;
 use burn::tensor::TensorData;
+use check_report::Checker;
 use half::{bf16, f16};
 use localsgd_comm::nccl::{NcclConfig, NcclWorld};
 use localsgd_comm::params::{
@@ -162,37 +166,6 @@ fn launch(ranks: usize) -> u8 {
     }
 }
 
-/// Collects failed checks of one rank.
-struct Checker {
-    rank: usize,
-    failures: usize,
-    passes: usize,
-}
-
-impl Checker {
-    fn check(&mut self, name: &str, ok: bool, detail: impl FnOnce() -> String) {
-        if ok {
-            self.passes += 1;
-            if self.rank == 0 {
-                println!("PASS {name}");
-            }
-        } else {
-            self.failures += 1;
-            println!("FAIL rank {}: {name}: {}", self.rank, detail());
-        }
-    }
-
-    fn ok<T>(&mut self, name: &str, r: Result<T, CommError>) -> Option<T> {
-        match r {
-            Ok(v) => Some(v),
-            Err(e) => {
-                self.check(name, false, || format!("unexpected error: {e}"));
-                None
-            }
-        }
-    }
-}
-
 /// One rank of the smoke test.
 fn run_rank() -> u8 {
     let config = NcclConfig::default()
@@ -220,11 +193,7 @@ fn run_rank() -> u8 {
 /// Every check on one rank's world group; returns the number of failed checks.
 fn run_checks(g: &Group, backend: &str) -> usize {
     let (rank, size) = (g.rank(), g.size());
-    let mut c = Checker {
-        rank,
-        failures: 0,
-        passes: 0,
-    };
+    let mut c = Checker::new(rank);
     c.check(
         "world",
         g.backend() == backend && g.world_ranks() == (0..size).collect::<Vec<_>>(),
