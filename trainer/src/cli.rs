@@ -97,6 +97,9 @@ pub struct ConfigFlags {
     /// All-reduce and log the loss every N iterations.
     #[arg(long)]
     pub log_every: Option<u64>,
+    /// Evaluate rank 0's model on the test set every N iterations into eval.csv (0: never).
+    #[arg(long)]
+    pub eval_every: Option<u64>,
     /// Run directory.
     #[arg(long)]
     pub run_dir: Option<PathBuf>,
@@ -178,6 +181,7 @@ impl ConfigFlags {
             epochs,
             checkpoint_every,
             log_every,
+            eval_every,
             run_dir,
             resume,
             timeout_secs,

@@ -164,6 +164,9 @@ pub struct TrainConfig {
     pub checkpoint_every: u64,
     /// All-reduce and log the loss every this many iterations (0: never).
     pub log_every: u64,
+    /// Evaluate rank 0's model on the test set every this many iterations and after the last
+    /// one, into `eval.csv` (0: never). The evaluation time is not counted as training time.
+    pub eval_every: u64,
     /// Where the config, metrics, loss curve and checkpoints go.
     pub run_dir: PathBuf,
     /// Continue from the latest checkpoint in `run-dir`.
@@ -211,6 +214,7 @@ impl Default for TrainConfig {
             steps: None,
             checkpoint_every: 0,
             log_every: 10,
+            eval_every: 0,
             run_dir: PathBuf::from("runs/latest"),
             resume: false,
             init_weights: None,

@@ -14,6 +14,7 @@ pub mod init_weights;
 pub mod metrics;
 pub mod model;
 pub mod pipeline;
+pub mod plan;
 pub mod plot;
 pub mod run;
 

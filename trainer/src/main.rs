@@ -28,9 +28,15 @@ enum Command {
     Compare(ConfigFlags),
     /// Measure all-reduce throughput against this machine's memcpy bandwidth.
     BenchComm(bench_comm::BenchCommFlags),
+    /// Time a bare burn training step (no pipeline, no communication) on a run's model and data.
+    BenchStep(bench_step::BenchStepFlags),
+    /// Predict time and bytes per iteration of each algorithm on a layout and link (cost model).
+    Plan(plan_cmd::PlanFlags),
 }
 
 mod bench_comm;
+mod bench_step;
+mod plan_cmd;
 #[cfg(any(feature = "mpi", feature = "nccl"))]
 mod process_train;
 #[cfg(any(feature = "mpi", feature = "nccl"))]
@@ -55,6 +61,8 @@ fn run_cli() -> Result<()> {
         Command::Train(flags) => train(&flags),
         Command::Compare(flags) => compare(&flags),
         Command::BenchComm(flags) => bench_comm::run(&flags),
+        Command::BenchStep(flags) => bench_step::run(&flags),
+        Command::Plan(flags) => plan_cmd::run(&flags),
     }
 }
 

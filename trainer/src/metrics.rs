@@ -6,6 +6,19 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
+/// Open a run file for writing: truncated, or continued when `append` (resume). Also says
+/// whether it existed already (then it has its header).
+fn open_run_file(path: &Path, append: bool) -> std::io::Result<(BufWriter<File>, bool)> {
+    let existed = append && path.exists();
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(append)
+        .write(true)
+        .truncate(!append)
+        .open(path)?;
+    Ok((BufWriter::new(file), existed))
+}
+
 /// Writes one row per iteration to `metrics.csv` or `metrics.jsonl`.
 pub struct MetricsWriter {
     out: BufWriter<File>,
@@ -20,14 +33,7 @@ impl MetricsWriter {
             MetricsFormat::Csv => "metrics.csv",
             MetricsFormat::Jsonl => "metrics.jsonl",
         });
-        let existed = append && path.exists();
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(append)
-            .write(true)
-            .truncate(!append)
-            .open(&path)?;
-        let mut out = BufWriter::new(file);
+        let (mut out, existed) = open_run_file(&path, append)?;
         if format == MetricsFormat::Csv && !existed {
             let phases: Vec<String> = ITERATION_ORDER
                 .iter()
@@ -93,6 +99,45 @@ impl MetricsWriter {
 
     /// Flush to disk.
     pub fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
+}
+
+/// Test-set evaluations during training, written by rank 0 to `eval.csv`
+/// (`iteration,train_seconds,test_accuracy`): what accuracy-against-time curves and "time to a
+/// target accuracy" are computed from.
+///
+/// `iteration` counts iterations done; `train_seconds` is rank 0's training time so far (the sum
+/// of its phase times, so evaluations themselves are not counted); `test_accuracy` is rank 0's
+/// own model on the whole test set. After a model-averaging step all ranks hold the same model,
+/// so an evaluation at an iteration count that is a multiple of the averaging period (after the
+/// warmup) measures the consensus model; in between it is rank 0's local replica.
+pub struct EvalWriter {
+    out: BufWriter<File>,
+}
+
+impl EvalWriter {
+    /// The file's name in the run directory.
+    pub const FILE: &'static str = "eval.csv";
+
+    /// Create (or, when `append`, continue) `eval.csv` in `run_dir`.
+    pub fn create(run_dir: &Path, append: bool) -> std::io::Result<Self> {
+        let path = run_dir.join(Self::FILE);
+        let (mut out, existed) = open_run_file(&path, append)?;
+        if !existed {
+            writeln!(out, "iteration,train_seconds,test_accuracy")?;
+        }
+        Ok(Self { out })
+    }
+
+    /// Append one evaluation and flush it (evaluations are rare; a killed run keeps them).
+    pub fn record(
+        &mut self,
+        iteration: u64,
+        train_seconds: f64,
+        test_accuracy: f64,
+    ) -> std::io::Result<()> {
+        writeln!(self.out, "{iteration},{train_seconds:.6},{test_accuracy}")?;
         self.out.flush()
     }
 }

@@ -63,6 +63,14 @@ impl MlpConfig {
         widths
     }
 
+    /// Number of parameters (weights and biases of every layer).
+    pub fn num_params(&self) -> u64 {
+        self.widths()
+            .windows(2)
+            .map(|w| (w[0] as u64 + 1) * w[1] as u64)
+            .sum()
+    }
+
     /// Checks that every width is positive.
     pub fn validate(&self) -> Result<(), ModelError> {
         let widths = self.widths();

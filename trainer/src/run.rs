@@ -6,7 +6,7 @@ use crate::checkpoint::{CheckpointDir, CheckpointError, RankCheckpoint, RunIdent
 use crate::config::{DatasetKind, DeviceKind, OptimizerKind, TrainConfig};
 use crate::data::{self, DataError, Dataset, ShardSampler, TrainTest};
 use crate::init_weights::{InitWeightsError, load_pytorch_safetensors};
-use crate::metrics::MetricsWriter;
+use crate::metrics::{EvalWriter, MetricsWriter};
 use crate::model::{Mlp, MlpConfig, ModelError};
 use crate::pipeline::{
     BatchSource, CheckpointContext, DataPosition, Outcome, PhaseTimes, Pipeline, PipelineError,
@@ -388,6 +388,17 @@ pub fn train_worker(
         _ => None,
     };
 
+    let output_error = |what: &str, e: std::io::Error| RunError::Output {
+        what: what.into(),
+        message: e.to_string(),
+    };
+    let mut evals = match (rank, run_dir, cfg.eval_every) {
+        (0, Some(dir), every) if every > 0 => {
+            Some(EvalWriter::create(dir, cfg.resume).map_err(|e| output_error("eval.csv", e))?)
+        }
+        _ => None,
+    };
+
     let traffic_start = group.traffic();
     let started = Instant::now();
     let mut samples = 0u64;
@@ -417,6 +428,15 @@ pub fn train_worker(
                     }
                     if let Some(p) = &mut progress {
                         p(pipeline.iteration(), total, last_global);
+                    }
+                    let done = pipeline.iteration();
+                    if let Some(e) = &mut evals
+                        && (done.is_multiple_of(cfg.eval_every) || done == total)
+                    {
+                        let acc = accuracy(&model, &data.test, &device)?;
+                        let secs = pipeline.phase_times().total().as_secs_f64();
+                        e.record(done, secs, acc)
+                            .map_err(|e| output_error("eval.csv", e))?;
                     }
                 }
             }

@@ -225,3 +225,154 @@ fn compare_refuses_a_one_process_per_rank_backend() {
         &run,
     );
 }
+
+fn ok(out: &std::process::Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+#[test]
+fn eval_every_writes_eval_csv_at_multiples_and_the_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    ok(&localsgd(&[
+        "train",
+        "--steps",
+        "40",
+        "--eval-every",
+        "16",
+        "--progress",
+        "false",
+        "--run-dir",
+        run.to_str().unwrap(),
+    ]));
+    let text = std::fs::read_to_string(run.join("eval.csv")).unwrap();
+    let rows: Vec<Vec<String>> = text
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').map(str::to_string).collect())
+        .collect();
+    assert_eq!(
+        text.lines().next(),
+        Some("iteration,train_seconds,test_accuracy")
+    );
+    let iterations: Vec<&str> = rows.iter().map(|r| r[0].as_str()).collect();
+    assert_eq!(iterations, ["16", "32", "40"]);
+    let secs: Vec<f64> = rows.iter().map(|r| r[1].parse().unwrap()).collect();
+    assert!(secs.windows(2).all(|w| w[0] < w[1]), "{secs:?}");
+    // The last evaluation is rank 0's final model: the summary's own-model accuracy.
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
+    let last: f64 = rows[2][2].parse().unwrap();
+    assert_eq!(last, summary["rank0_test_accuracy"].as_f64().unwrap());
+}
+
+/// `localsgd plan`'s schedule against the comm layer's own counters: every iteration's payload
+/// bytes of a real run equal the arithmetic, for each algorithm.
+#[test]
+fn plan_payload_matches_the_metrics_of_a_real_run_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    for (algorithm, extra) in [
+        ("ddp", vec![]),
+        ("post-local-sgd", vec!["--period", "4"]),
+        ("local-sgd", vec!["--period", "3"]),
+        ("hierarchical", vec!["--levels", "2:2,4:4"]),
+    ] {
+        let workers = if algorithm == "hierarchical" {
+            "4"
+        } else {
+            "2"
+        };
+        let run = dir.path().join(algorithm);
+        let mut args = vec![
+            "train",
+            "--workers",
+            workers,
+            "--algorithm",
+            algorithm,
+            "--steps",
+            "30",
+            "--warmup",
+            "5",
+            "--log-every",
+            "7",
+            "--progress",
+            "false",
+            "--run-dir",
+            run.to_str().unwrap(),
+        ];
+        args.extend(&extra);
+        ok(&localsgd(&args));
+        let json = dir.path().join(format!("{algorithm}.json"));
+        let hosts_flags = ["--hosts", "1", "--ranks-per-host", workers];
+        let mut plan = vec![
+            "plan",
+            "--compute-ms",
+            "1",
+            "--algorithms",
+            algorithm,
+            "--steps",
+            "30",
+            "--warmup",
+            "5",
+            "--log-every",
+            "7",
+            "--json",
+            json.to_str().unwrap(),
+        ];
+        plan.extend(hosts_flags);
+        plan.extend(&extra);
+        ok(&localsgd(&plan));
+        let predicted: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let expected: Vec<(u64, u64)> =
+            serde_json::from_value(predicted["predictions"][0]["payload_per_iteration"].clone())
+                .unwrap();
+        let metrics = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
+        let header: Vec<&str> = metrics.lines().next().unwrap().split(',').collect();
+        let col = |name: &str| header.iter().position(|h| *h == name).unwrap();
+        let (b, d) = (col("bytes"), col("data_bytes"));
+        let measured: Vec<(u64, u64)> = metrics
+            .lines()
+            .skip(1)
+            .map(|l| {
+                let f: Vec<&str> = l.split(',').collect();
+                (f[b].parse().unwrap(), f[d].parse().unwrap())
+            })
+            .collect();
+        assert_eq!(measured.len(), 30, "{algorithm}");
+        assert_eq!(measured, expected, "{algorithm}");
+    }
+}
+
+#[test]
+fn plan_and_bench_step_name_bad_values() {
+    let out = localsgd(&["plan", "--compute-ms", "-1"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--compute-ms -1"), "{err}");
+    let out = localsgd(&[
+        "plan",
+        "--compute-ms",
+        "1",
+        "--levels",
+        "2:3",
+        "--algorithms",
+        "hierarchical",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("`levels`"));
+    let out = localsgd(&["bench-step", "--iters", "0"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--iters 0"));
+    let stdout = ok(&localsgd(&["bench-step", "--iters", "5"]));
+    assert!(
+        stdout.contains("bare burn step: 4810 parameters, batch 32"),
+        "{stdout}"
+    );
+}

@@ -1,0 +1,798 @@
+//! The cost model behind `localsgd plan`: predicted time and bytes per iteration of each
+//! algorithm, from the model size, a measured compute time, the layout (hosts x ranks per host)
+//! and the links, and a recommended averaging period for a target communication share.
+//!
+//! The model, term by term (the book's Benchmarks chapter has the same with its validation):
+//!
+//! * **Schedule.** Which collectives rank 0 issues in iteration `i` (0-based) follows the
+//!   pipeline exactly: one has-data all-gather of one `u64` per iteration; the gradient
+//!   all-reduce (`4P` bytes for `P` f32 parameters, `2P` with fp16/bf16 compression) in every DDP
+//!   iteration and in the warmup iterations `i < warmup` of post-local SGD and hierarchical
+//!   averaging; a model average (a 4-word parameter-set check, then `4P` bytes) at
+//!   `i >= warmup` with `(i - warmup) % period == 0` (periodic, as PyTorch's
+//!   `PeriodicModelAverager`) or, for hierarchical levels, in the group of the largest level
+//!   period dividing `i` (PyTorch's `HierarchicalModelAverager`); the loss all-reduce (one
+//!   `f64`) every `log_every` iterations. [`Schedule::payload`] gives rank 0's payload bytes,
+//!   which are exactly what `metrics.csv` counts.
+//! * **Collective time.** A group of `m` ranks that stays inside one host all-reduces `n` bytes
+//!   in `latency + 2(m-1)/m * n / intra_bandwidth`. A group that spans hosts runs a ring whose
+//!   edges cross each host's link once in each direction, so every host link carries
+//!   `2(m-1)/m * n` bytes: time `latency + 2(m-1)/m * n / goodput`, where the goodput is the
+//!   link rate less TCP/IP and Ethernet headers (`(mtu - 52) / (mtu + 14)` of it). Control
+//!   collectives (a few words) cost their latency only. Groups of one rank cost nothing.
+//!   A token-bucket shaper (`tc ... tbf`, how the benchmarks emulate links) lets up to its
+//!   burst through without waiting once the link has been idle long enough to refill it; a real
+//!   NIC has no such credit (`burst_bytes = 0`).
+//! * **The pipeline's own costs.** A fixed overhead per iteration (batch fetch, bookkeeping) and
+//!   a per-byte cost of every data collective (flatten into one buffer, write back), both
+//!   measured on one rank: a one-rank local-SGD iteration less a bare step, and a one-rank DDP
+//!   iteration's gradient sync time over its bytes.
+//! * **Iteration time.** Compute (forward, backward, optimizer step: measured, e.g. with
+//!   `localsgd bench-step`) plus the overhead plus every collective of the iteration, in
+//!   sequence: today every collective blocks compute. The steady state is the mean over one
+//!   whole cycle of the schedule after the warmup.
+//! * **Lower bound.** `max(compute, wire)`, where `wire` is the busiest host link's bytes per
+//!   iteration over its goodput: what a step would cost if all communication were hidden
+//!   behind compute.
+//!
+//! ```
+//! use localsgd_trainer::plan::{Algorithm, Cluster, Layout, Link, Workload, predict};
+//! // 600k parameters, 5 ms of compute, 2 hosts x 1 rank over 1 Gbit/s.
+//! let cluster = Cluster::new(Layout { hosts: 2, ranks_per_host: 1 }, Link::gbit(1.0, 50e-6));
+//! let work = Workload {
+//!     params: 600_000,
+//!     compute_s: 5e-3,
+//!     overhead_s: 0.0,
+//!     copy_bytes_per_second: f64::INFINITY,
+//!     warmup: 0,
+//!     log_every: 0,
+//!     compressed: false,
+//! };
+//! let ddp = predict(&Algorithm::Ddp, &work, &cluster).unwrap();
+//! let pl = predict(&Algorithm::Periodic { period: 4, gradient_warmup: true }, &work, &cluster).unwrap();
+//! assert!(ddp.steady_s > 4.0 * pl.comm_s.max(1e-9));
+//! assert_eq!(ddp.payload_data_bytes, 2_400_000.0);
+//! ```
+
+use serde::Serialize;
+
+/// TCP (with timestamps) and IPv4 header bytes per segment.
+const TCP_IP_HEADERS: f64 = 52.0;
+/// Ethernet header bytes per frame, as a queueing discipline on a veth or NIC counts them.
+const ETHERNET_HEADER: f64 = 14.0;
+
+/// A network link between a host and the switch (full duplex: this rate in each direction).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Link {
+    /// Line rate in bits per second.
+    pub bits_per_second: f64,
+    /// Time of one small collective across hosts (latency of a few round trips), seconds.
+    pub latency_s: f64,
+    /// Maximum transmission unit in bytes (1500 on Ethernet).
+    pub mtu: f64,
+    /// Bytes a token-bucket shaper (`tc ... tbf burst`) lets through at once after the link has
+    /// been idle; 0 for a real NIC.
+    pub burst_bytes: f64,
+}
+
+impl Link {
+    /// A link of `gbit` Gbit/s with a small-collective time of `latency_s`, MTU 1500.
+    pub fn gbit(gbit: f64, latency_s: f64) -> Self {
+        Self {
+            bits_per_second: gbit * 1e9,
+            latency_s,
+            mtu: 1500.0,
+            burst_bytes: 0.0,
+        }
+    }
+
+    /// Payload bytes per second that TCP gets through this link.
+    pub fn goodput(&self) -> f64 {
+        self.bits_per_second / 8.0 * (self.mtu - TCP_IP_HEADERS) / (self.mtu + ETHERNET_HEADER)
+    }
+}
+
+/// Hosts and ranks: ranks `h * ranks_per_host .. (h + 1) * ranks_per_host` run on host `h`
+/// (`mpirun --map-by slot`, torchrun's node ranks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Layout {
+    /// Number of hosts.
+    pub hosts: usize,
+    /// Ranks on each host.
+    pub ranks_per_host: usize,
+}
+
+impl Layout {
+    /// Number of ranks.
+    pub fn world(&self) -> usize {
+        self.hosts * self.ranks_per_host
+    }
+}
+
+/// The machines: a layout, the link of every host, and what ranks on one host share.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Cluster {
+    /// Hosts and ranks.
+    pub layout: Layout,
+    /// Every host's link to the switch.
+    pub link: Link,
+    /// Bandwidth between ranks on one host (shared memory or loopback), bytes per second.
+    pub intra_bytes_per_second: f64,
+    /// Time of one small collective inside a host, seconds.
+    pub intra_latency_s: f64,
+}
+
+impl Cluster {
+    /// A cluster with the default intra-host figures (5 GB/s, 5 µs).
+    pub fn new(layout: Layout, link: Link) -> Self {
+        Self {
+            layout,
+            link,
+            intra_bytes_per_second: 5e9,
+            intra_latency_s: 5e-6,
+        }
+    }
+
+    /// Number of hosts the block of ranks `first .. first + size` touches.
+    fn hosts_spanned(&self, first: usize, size: usize) -> usize {
+        let r = self.layout.ranks_per_host.max(1);
+        if size == 0 {
+            return 0;
+        }
+        (first + size - 1) / r - first / r + 1
+    }
+
+    /// Seconds to all-reduce `bytes` in every block of `size` consecutive ranks at once (the
+    /// slowest block counts), and the bytes each host link carries in one direction. `credit`:
+    /// payload bytes a token-bucket shaper lets through without waiting (its refilled burst).
+    fn allreduce(&self, size: usize, bytes: f64, credit: f64) -> (f64, f64) {
+        if size <= 1 {
+            return (0.0, 0.0);
+        }
+        let share = 2.0 * (size as f64 - 1.0) / size as f64 * bytes;
+        let blocks = self.layout.world() / size;
+        let spans = (0..blocks.max(1))
+            .map(|b| self.hosts_spanned(b * size, size))
+            .max()
+            .unwrap_or(1);
+        if spans <= 1 {
+            (
+                self.intra_latency_s + share / self.intra_bytes_per_second,
+                0.0,
+            )
+        } else {
+            let waited = (share - credit).max(0.0);
+            (self.link.latency_s + waited / self.link.goodput(), share)
+        }
+    }
+
+    /// Seconds of a control collective (a few words) in blocks of `size` ranks.
+    fn control(&self, size: usize) -> f64 {
+        if size <= 1 {
+            0.0
+        } else if self.hosts_spanned(0, size) <= 1 {
+            self.intra_latency_s
+        } else {
+            self.link.latency_s
+        }
+    }
+}
+
+/// What is trained.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Workload {
+    /// Number of f32 parameters.
+    pub params: u64,
+    /// Compute per iteration (forward, backward, optimizer step), seconds.
+    pub compute_s: f64,
+    /// The pipeline's own fixed cost per iteration beyond `compute_s` (batch fetch, bookkeeping),
+    /// seconds: a one-rank local-SGD iteration less a bare step.
+    pub overhead_s: f64,
+    /// The pipeline's own handling of a gradient all-reduce or model average (flatten, write
+    /// back) in bytes per second: the buffer's bytes over a one-rank DDP iteration's gradient
+    /// sync time. `f64::INFINITY`: free.
+    pub copy_bytes_per_second: f64,
+    /// Iterations of gradient all-reduce before local steps (post-local SGD, hierarchical); also
+    /// the averagers' warmup.
+    pub warmup: u64,
+    /// Loss all-reduce every this many iterations (0: never).
+    pub log_every: u64,
+    /// Gradients travel as fp16/bf16 (half the bytes).
+    pub compressed: bool,
+}
+
+/// The algorithms the model knows.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "algorithm", rename_all = "kebab-case")]
+pub enum Algorithm {
+    /// Gradient all-reduce every iteration.
+    Ddp,
+    /// Periodic model averaging over the world (`gradient_warmup`: post-local SGD, whose
+    /// warmup all-reduces gradients; without it, local SGD).
+    Periodic {
+        /// Averaging period.
+        period: u64,
+        /// Whether the warmup iterations all-reduce gradients (post-local SGD).
+        gradient_warmup: bool,
+    },
+    /// Hierarchical averaging (post-local SGD hook during warmup).
+    Hierarchical {
+        /// `(period, group size)` pairs, periods increasing, the last group the world.
+        levels: Vec<(u64, usize)>,
+    },
+}
+
+impl Algorithm {
+    /// The name used by `localsgd train --algorithm`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Algorithm::Ddp => "ddp",
+            Algorithm::Periodic {
+                gradient_warmup: true,
+                ..
+            } => "post-local-sgd",
+            Algorithm::Periodic { .. } => "local-sgd",
+            Algorithm::Hierarchical { .. } => "hierarchical",
+        }
+    }
+}
+
+/// A setting the model cannot use, named with what would be valid.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PlanError {
+    /// A value out of range.
+    #[error("invalid plan setting `{setting}` = {value}: {valid}")]
+    Invalid {
+        /// The setting.
+        setting: &'static str,
+        /// The value given.
+        value: String,
+        /// What would be valid.
+        valid: String,
+    },
+}
+
+fn invalid(setting: &'static str, value: impl ToString, valid: &str) -> PlanError {
+    PlanError::Invalid {
+        setting,
+        value: value.to_string(),
+        valid: valid.to_string(),
+    }
+}
+
+/// One collective of an iteration: group size, payload bytes, and whether it is float data.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Collective {
+    /// Ranks in each block that runs it.
+    pub group: usize,
+    /// Payload bytes each rank contributes.
+    pub bytes: u64,
+    /// Float data (gradients, parameters, losses) rather than control words.
+    pub data: bool,
+}
+
+/// Which collectives every iteration issues.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Schedule {
+    algorithm: Algorithm,
+    world: usize,
+    params: u64,
+    warmup: u64,
+    log_every: u64,
+    compressed: bool,
+}
+
+impl Schedule {
+    /// The schedule of `algorithm` on `world` ranks. Checks the settings.
+    pub fn new(algorithm: &Algorithm, world: usize, work: &Workload) -> Result<Self, PlanError> {
+        if world == 0 {
+            return Err(invalid("ranks", 0, "at least 1 rank"));
+        }
+        match algorithm {
+            Algorithm::Ddp => {}
+            Algorithm::Periodic { period, .. } => {
+                if *period == 0 {
+                    return Err(invalid("period", 0, "a period of at least 1"));
+                }
+            }
+            Algorithm::Hierarchical { levels } => {
+                let Some(last) = levels.last() else {
+                    return Err(invalid(
+                        "levels",
+                        "\"\"",
+                        "at least one period:group-size pair",
+                    ));
+                };
+                if last.1 != world {
+                    return Err(invalid(
+                        "levels",
+                        format!("{levels:?}"),
+                        &format!("the last group size must be the number of ranks, {world}"),
+                    ));
+                }
+                for w in levels.windows(2) {
+                    if w[1].0 <= w[0].0 || !w[1].0.is_multiple_of(w[0].0) {
+                        return Err(invalid(
+                            "levels",
+                            format!("{levels:?}"),
+                            "strictly increasing periods, each a multiple of the previous",
+                        ));
+                    }
+                }
+                for &(p, g) in levels {
+                    if p == 0 || g == 0 || !world.is_multiple_of(g) {
+                        return Err(invalid(
+                            "levels",
+                            format!("{levels:?}"),
+                            &format!("periods >= 1 and group sizes dividing {world}"),
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(Self {
+            algorithm: algorithm.clone(),
+            world,
+            params: work.params,
+            warmup: work.warmup,
+            log_every: work.log_every,
+            compressed: work.compressed,
+        })
+    }
+
+    /// The collectives rank 0 issues in iteration `i` (0-based), in order.
+    pub fn iteration(&self, i: u64) -> Vec<Collective> {
+        let w = self.world;
+        let grad_bytes = if self.compressed { 2 } else { 4 } * self.params;
+        let mut out = vec![Collective {
+            group: w,
+            bytes: 8,
+            data: false,
+        }];
+        let gradients = |out: &mut Vec<Collective>| {
+            out.push(Collective {
+                group: w,
+                bytes: grad_bytes,
+                data: true,
+            })
+        };
+        let average = |out: &mut Vec<Collective>, group: usize| {
+            out.push(Collective {
+                group,
+                bytes: 32,
+                data: false,
+            });
+            out.push(Collective {
+                group,
+                bytes: 4 * self.params,
+                data: true,
+            });
+        };
+        match &self.algorithm {
+            Algorithm::Ddp => gradients(&mut out),
+            Algorithm::Periodic {
+                period,
+                gradient_warmup,
+            } => {
+                if i < self.warmup {
+                    if *gradient_warmup {
+                        gradients(&mut out);
+                    }
+                } else if (i - self.warmup).is_multiple_of(*period) {
+                    average(&mut out, w);
+                }
+            }
+            Algorithm::Hierarchical { levels } => {
+                if i < self.warmup {
+                    gradients(&mut out);
+                } else if let Some(&(_, g)) =
+                    levels.iter().rev().find(|(p, _)| i.is_multiple_of(*p))
+                {
+                    average(&mut out, g);
+                }
+            }
+        }
+        if self.log_every > 0 && (i + 1).is_multiple_of(self.log_every) {
+            out.push(Collective {
+                group: w,
+                bytes: 8,
+                data: true,
+            });
+        }
+        out
+    }
+
+    /// Rank 0's payload bytes in iteration `i`: `(all, float data)`, as `metrics.csv` counts
+    /// them (`bytes`, `data_bytes`).
+    pub fn payload(&self, i: u64) -> (u64, u64) {
+        self.iteration(i).iter().fold((0, 0), |(a, d), c| {
+            (a + c.bytes, d + if c.data { c.bytes } else { 0 })
+        })
+    }
+
+    /// Iterations after which the post-warmup schedule repeats.
+    pub fn cycle(&self) -> u64 {
+        let mut c = match &self.algorithm {
+            Algorithm::Ddp => 1,
+            Algorithm::Periodic { period, .. } => *period,
+            Algorithm::Hierarchical { levels } => levels.last().map_or(1, |l| l.0),
+        };
+        if self.log_every > 0 {
+            c = lcm(c, self.log_every);
+        }
+        c
+    }
+}
+
+fn lcm(a: u64, b: u64) -> u64 {
+    fn gcd(a: u64, b: u64) -> u64 {
+        if b == 0 { a } else { gcd(b, a % b) }
+    }
+    a / gcd(a, b) * b
+}
+
+/// The model's figures for one algorithm.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Prediction {
+    /// `localsgd train --algorithm` name.
+    pub algorithm: String,
+    /// Seconds per iteration after the warmup (mean over one schedule cycle).
+    pub steady_s: f64,
+    /// Seconds per warmup iteration (0 when there is no warmup).
+    pub warmup_s: f64,
+    /// Of `steady_s`, the part spent in collectives.
+    pub comm_s: f64,
+    /// `comm_s / steady_s`.
+    pub comm_share: f64,
+    /// Rank 0's payload bytes per steady iteration (what `metrics.csv` counts in `bytes`).
+    pub payload_bytes: f64,
+    /// Of that, float data (`data_bytes`).
+    pub payload_data_bytes: f64,
+    /// Bytes per steady iteration on the busiest host link, one direction.
+    pub link_bytes: f64,
+    /// Bytes per warmup iteration on the busiest host link, one direction.
+    pub warmup_link_bytes: f64,
+    /// Bytes per steady iteration sent onto all host links together (what the links' transmit
+    /// counters of all hosts add up to, less packet headers).
+    pub wire_bytes: f64,
+    /// `max(compute, link_bytes / goodput)`: the iteration with every collective hidden.
+    pub lower_bound_s: f64,
+}
+
+/// Predict one algorithm's figures.
+pub fn predict(
+    algorithm: &Algorithm,
+    work: &Workload,
+    cluster: &Cluster,
+) -> Result<Prediction, PlanError> {
+    if !(work.compute_s.is_finite() && work.compute_s >= 0.0) {
+        return Err(invalid(
+            "compute-ms",
+            work.compute_s * 1e3,
+            "a non-negative number of milliseconds",
+        ));
+    }
+    let link = cluster.link;
+    if !(link.bits_per_second.is_finite() && link.bits_per_second > 0.0) {
+        return Err(invalid(
+            "link-gbit",
+            link.bits_per_second / 1e9,
+            "a positive rate",
+        ));
+    }
+    if link.mtu.is_nan() || link.mtu <= TCP_IP_HEADERS {
+        return Err(invalid("mtu", link.mtu, "more than 52 bytes"));
+    }
+    let layout = cluster.layout;
+    if layout.hosts == 0 || layout.ranks_per_host == 0 {
+        return Err(invalid(
+            "hosts x ranks-per-host",
+            format!("{}x{}", layout.hosts, layout.ranks_per_host),
+            "at least one host with at least one rank",
+        ));
+    }
+    let schedule = Schedule::new(algorithm, layout.world(), work)?;
+    if !(work.overhead_s.is_finite() && work.overhead_s >= 0.0) {
+        return Err(invalid(
+            "overhead-ms",
+            work.overhead_s * 1e3,
+            "a non-negative number of milliseconds",
+        ));
+    }
+    if work.copy_bytes_per_second.is_nan() || work.copy_bytes_per_second <= 0.0 {
+        return Err(invalid(
+            "copy-gbps",
+            work.copy_bytes_per_second / 1e9,
+            "a positive rate (GB/s)",
+        ));
+    }
+    let efficiency = (link.mtu - TCP_IP_HEADERS) / (link.mtu + ETHERNET_HEADER);
+    let refill = link.bits_per_second / 8.0 * efficiency;
+    let burst = link.burst_bytes.max(0.0) * efficiency;
+    // A token bucket refills while the link is idle (compute, and iterations without data
+    // collectives), up to its burst; a data collective spends it.
+    let mut idle = f64::INFINITY;
+    let mut iteration = |i: u64| {
+        let mut comm = 0.0;
+        let mut link_bytes = 0.0;
+        idle += work.compute_s + work.overhead_s;
+        for c in schedule.iteration(i) {
+            if c.data && c.bytes > 8 {
+                let credit = burst.min(idle * refill);
+                let (t, b) = cluster.allreduce(c.group, c.bytes as f64, credit);
+                comm += t + c.bytes as f64 / work.copy_bytes_per_second;
+                link_bytes += b;
+                if b > 0.0 {
+                    idle = 0.0;
+                }
+            } else {
+                comm += cluster.control(c.group);
+            }
+        }
+        let (all, data) = schedule.payload(i);
+        (comm, link_bytes, all as f64, data as f64)
+    };
+    let warmup_figures = if work.warmup > 0 {
+        // The second warmup iteration: the bucket has been drained once already.
+        iteration(0);
+        Some(iteration(0))
+    } else {
+        None
+    };
+    let cycle = schedule.cycle();
+    let mut sum = (0.0, 0.0, 0.0, 0.0);
+    // Two passes over the cycle; the second (steady) one counts.
+    for pass in 0..2 {
+        for i in work.warmup..work.warmup + cycle {
+            let (c, l, a, d) = iteration(i);
+            if pass == 1 {
+                sum = (sum.0 + c, sum.1 + l, sum.2 + a, sum.3 + d);
+            }
+        }
+    }
+    let n = cycle as f64;
+    let (comm, link_bytes, payload, data) = (sum.0 / n, sum.1 / n, sum.2 / n, sum.3 / n);
+    let (warmup_s, warmup_link_bytes) = match warmup_figures {
+        Some((c, l, _, _)) => (work.compute_s + work.overhead_s + c, l),
+        None => (0.0, 0.0),
+    };
+    let steady = work.compute_s + work.overhead_s + comm;
+    // Every host sends `link_bytes` onto its link when the busiest block spans all hosts;
+    // blocks inside one host send nothing.
+    let wire = link_bytes * layout.hosts as f64;
+    Ok(Prediction {
+        algorithm: algorithm.name().to_string(),
+        steady_s: steady,
+        warmup_s,
+        comm_s: comm,
+        comm_share: if steady > 0.0 { comm / steady } else { 0.0 },
+        payload_bytes: payload,
+        payload_data_bytes: data,
+        link_bytes,
+        warmup_link_bytes,
+        wire_bytes: wire,
+        lower_bound_s: work.compute_s.max(link_bytes / link.goodput()),
+    })
+}
+
+/// The smallest averaging period whose steady communication share is at most `target`
+/// (periodic averaging over the world), or `None` when even averaging never would not reach it
+/// (the per-iteration control collectives alone exceed it).
+pub fn recommend_period(
+    work: &Workload,
+    cluster: &Cluster,
+    target: f64,
+    max_period: u64,
+) -> Result<Option<u64>, PlanError> {
+    if !(target > 0.0 && target < 1.0) {
+        return Err(invalid(
+            "target-comm-share",
+            target,
+            "a fraction strictly between 0 and 1",
+        ));
+    }
+    for period in 1..=max_period.max(1) {
+        let p = predict(
+            &Algorithm::Periodic {
+                period,
+                gradient_warmup: true,
+            },
+            work,
+            cluster,
+        )?;
+        if p.comm_share <= target {
+            return Ok(Some(period));
+        }
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn close(a: f64, b: f64) {
+        assert!((a - b).abs() <= 1e-9 * b.abs().max(1.0), "{a} != {b}");
+    }
+
+    fn work(params: u64, compute_s: f64) -> Workload {
+        Workload {
+            params,
+            compute_s,
+            overhead_s: 0.0,
+            copy_bytes_per_second: f64::INFINITY,
+            warmup: 0,
+            log_every: 0,
+            compressed: false,
+        }
+    }
+
+    fn two_hosts(ranks: usize) -> Cluster {
+        Cluster::new(
+            Layout {
+                hosts: 2,
+                ranks_per_host: ranks,
+            },
+            Link::gbit(1.0, 50e-6),
+        )
+    }
+
+    #[test]
+    fn goodput_is_the_rate_less_headers() {
+        // 1 Gbit/s = 125e6 B/s; 1448 payload bytes per 1514-byte frame.
+        close(Link::gbit(1.0, 0.0).goodput(), 125e6 * 1448.0 / 1514.0);
+    }
+
+    #[test]
+    fn ddp_two_hosts_by_hand() {
+        // 600k parameters = 2.4 MB; a 2-rank ring sends 2 * 1/2 * 2.4 MB over the link.
+        let p = predict(&Algorithm::Ddp, &work(600_000, 5e-3), &two_hosts(1)).unwrap();
+        let wire = 2.4e6 / (125e6 * 1448.0 / 1514.0);
+        close(p.comm_s, 50e-6 + 50e-6 + wire);
+        close(p.steady_s, 5e-3 + 100e-6 + wire);
+        close(p.payload_bytes, 2_400_008.0);
+        close(p.payload_data_bytes, 2_400_000.0);
+        close(p.link_bytes, 2.4e6);
+        close(p.wire_bytes, 4.8e6);
+        close(p.lower_bound_s, wire);
+    }
+
+    #[test]
+    fn periodic_averages_once_a_period() {
+        let a = Algorithm::Periodic {
+            period: 4,
+            gradient_warmup: true,
+        };
+        let w = Workload {
+            warmup: 3,
+            ..work(1000, 1e-3)
+        };
+        let s = Schedule::new(&a, 2, &w).unwrap();
+        // Warmup: has-data flag + gradients; then an average at 3, 7, 11, ...
+        assert_eq!(s.payload(0), (8 + 4000, 4000));
+        assert_eq!(s.payload(2), (8 + 4000, 4000));
+        assert_eq!(s.payload(3), (8 + 32 + 4000, 4000));
+        assert_eq!(s.payload(4), (8, 0));
+        assert_eq!(s.payload(7), (8 + 32 + 4000, 4000));
+        let p = predict(&a, &w, &two_hosts(1)).unwrap();
+        close(p.payload_bytes, (4.0 * 8.0 + 32.0 + 4000.0) / 4.0);
+        close(p.payload_data_bytes, 1000.0);
+        // Local SGD: no gradients in the warmup.
+        let l = Schedule::new(
+            &Algorithm::Periodic {
+                period: 4,
+                gradient_warmup: false,
+            },
+            2,
+            &w,
+        )
+        .unwrap();
+        assert_eq!(l.payload(0), (8, 0));
+    }
+
+    #[test]
+    fn hierarchical_uses_the_largest_period_dividing_the_step() {
+        // 2 hosts x 2 ranks, pairs (inside a host) every 4, the world every 16.
+        let a = Algorithm::Hierarchical {
+            levels: vec![(4, 2), (16, 4)],
+        };
+        let w = work(1000, 1e-3);
+        let s = Schedule::new(&a, 4, &w).unwrap();
+        assert_eq!(s.iteration(0)[2].group, 4);
+        assert_eq!(s.iteration(4)[2].group, 2);
+        assert_eq!(s.iteration(16)[2].group, 4);
+        assert_eq!(s.iteration(5).len(), 1);
+        let c = two_hosts(2);
+        let p = predict(&a, &w, &c).unwrap();
+        // Only the world average (1 in 16 steps) crosses the links: 2 * 3/4 * 4000 bytes.
+        close(p.link_bytes, 2.0 * 0.75 * 4000.0 / 16.0);
+        let intra = 3.0 * (5e-6 + 5e-6 + 4000.0 / 5e9) / 16.0;
+        let world = (50e-6 + 50e-6 + 6000.0 / c.link.goodput()) / 16.0;
+        close(p.comm_s, 50e-6 + intra + world);
+    }
+
+    #[test]
+    fn groups_that_straddle_hosts_use_the_link() {
+        let c = Cluster::new(
+            Layout {
+                hosts: 4,
+                ranks_per_host: 1,
+            },
+            Link::gbit(1.0, 50e-6),
+        );
+        assert_eq!(c.hosts_spanned(0, 2), 2);
+        let (_, bytes) = c.allreduce(2, 1000.0, 0.0);
+        close(bytes, 1000.0);
+        let c2 = two_hosts(2);
+        assert_eq!(c2.hosts_spanned(2, 2), 1);
+        assert_eq!(c2.allreduce(2, 1000.0, 0.0).1, 0.0);
+        assert_eq!(c2.allreduce(1, 1000.0, 0.0), (0.0, 0.0));
+    }
+
+    #[test]
+    fn overhead_copies_and_burst_by_hand() {
+        // 1000 parameters = 4000 B; 2 hosts x 1 rank; copies at 4 GB/s cost 1 µs per average.
+        let w = Workload {
+            overhead_s: 0.1e-3,
+            copy_bytes_per_second: 4e9,
+            ..work(1000, 1e-3)
+        };
+        let mut c = two_hosts(1);
+        let ddp = predict(&Algorithm::Ddp, &w, &c).unwrap();
+        let wire = 4000.0 / c.link.goodput();
+        close(ddp.steady_s, 1e-3 + 0.1e-3 + 50e-6 + 50e-6 + wire + 1e-6);
+        // A 256 KiB burst covers the whole 4000 B (1.1 ms of idle refills far more than that).
+        c.link.burst_bytes = 262_144.0;
+        let ddp = predict(&Algorithm::Ddp, &w, &c).unwrap();
+        close(ddp.steady_s, 1e-3 + 0.1e-3 + 50e-6 + 50e-6 + 1e-6);
+        // A 2.4 MB all-reduce after 1.1 ms idle: credit = min(burst, 1.1 ms of refill) in payload.
+        let big = Workload {
+            params: 600_000,
+            ..w
+        };
+        let eff: f64 = 1448.0 / 1514.0;
+        let credit = (262_144.0 * eff).min(1.1e-3 * 125e6 * eff);
+        let p = predict(&Algorithm::Ddp, &big, &c).unwrap();
+        close(
+            p.comm_s,
+            50e-6 + 50e-6 + (2.4e6 - credit) / c.link.goodput() + 2.4e6 / 4e9,
+        );
+    }
+
+    #[test]
+    fn recommended_period_meets_the_target() {
+        let w = work(600_000, 5e-3);
+        let c = two_hosts(1);
+        let p = recommend_period(&w, &c, 0.5, 1024).unwrap().unwrap();
+        let at = |period| {
+            predict(
+                &Algorithm::Periodic {
+                    period,
+                    gradient_warmup: true,
+                },
+                &w,
+                &c,
+            )
+            .unwrap()
+            .comm_share
+        };
+        assert!(at(p) <= 0.5 && at(p - 1) > 0.5, "period {p}");
+        assert!(recommend_period(&w, &c, 1.5, 8).is_err());
+    }
+
+    #[test]
+    fn bad_settings_name_the_setting() {
+        let e = Schedule::new(
+            &Algorithm::Hierarchical {
+                levels: vec![(2, 2), (4, 3)],
+            },
+            4,
+            &work(10, 0.0),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("`levels`"), "{e}");
+        let e = predict(&Algorithm::Ddp, &work(10, f64::NAN), &two_hosts(1)).unwrap_err();
+        assert!(e.to_string().contains("compute-ms"), "{e}");
+    }
+}

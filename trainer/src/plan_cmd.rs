@@ -1,0 +1,293 @@
+//! `localsgd plan` (part of the binary): the cost model of [`localsgd_trainer::plan`] as a
+//! command. From the model size, a measured compute time per iteration (`localsgd bench-step`),
+//! the layout and the links it prints predicted milliseconds and bytes per iteration for each
+//! algorithm and recommends an averaging period for a target communication share.
+
+use anyhow::{Context, Result, bail};
+use localsgd_trainer::config::{Compression, parse_levels};
+use localsgd_trainer::model::MlpConfig;
+use localsgd_trainer::plan::{
+    Algorithm, Cluster, Layout, Link, Prediction, Schedule, Workload, predict, recommend_period,
+};
+use std::path::PathBuf;
+
+/// Flags of `localsgd plan`.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct PlanFlags {
+    /// Number of f32 parameters (default: the MLP of --input, --hidden, --classes).
+    #[arg(long)]
+    params: Option<u64>,
+    /// MLP input width (64: digits, 784: 28x28 IDX images).
+    #[arg(long, default_value_t = 64)]
+    input: usize,
+    /// MLP hidden widths, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "64")]
+    hidden: Vec<usize>,
+    /// MLP classes.
+    #[arg(long, default_value_t = 10)]
+    classes: usize,
+    /// Measured compute per iteration in ms: forward, backward, optimizer step (`localsgd bench-step`).
+    #[arg(long, allow_negative_numbers = true)]
+    compute_ms: f64,
+    /// The pipeline's own fixed cost per iteration in ms (a one-rank local-SGD iteration less a
+    /// bare step).
+    #[arg(long, default_value_t = 0.0)]
+    overhead_ms: f64,
+    /// The pipeline's handling of a gradient all-reduce or model average (flatten, write back),
+    /// GB/s of buffer (a one-rank DDP iteration: bytes / gradient sync time); inf: free.
+    #[arg(long, default_value_t = f64::INFINITY)]
+    copy_gbps: f64,
+    /// Token-bucket burst of the links in bytes (`tc ... tbf burst`); 0 for a real NIC.
+    #[arg(long, default_value_t = 0.0)]
+    burst_bytes: f64,
+    /// Number of hosts.
+    #[arg(long, default_value_t = 1)]
+    hosts: usize,
+    /// Ranks on each host.
+    #[arg(long, default_value_t = 2)]
+    ranks_per_host: usize,
+    /// Each host's link rate to the switch, Gbit/s (full duplex).
+    #[arg(long, default_value_t = 1.0)]
+    link_gbit: f64,
+    /// Time of one small collective across hosts, µs (`localsgd bench-comm --floats 1`).
+    #[arg(long, default_value_t = 50.0)]
+    latency_us: f64,
+    /// Link MTU in bytes.
+    #[arg(long, default_value_t = 1500.0)]
+    mtu: f64,
+    /// Bandwidth between ranks on one host, GB/s.
+    #[arg(long, default_value_t = 5.0)]
+    intra_gbps: f64,
+    /// Time of one small collective inside a host, µs.
+    #[arg(long, default_value_t = 5.0)]
+    intra_latency_us: f64,
+    /// Algorithms, comma-separated: ddp, local-sgd, post-local-sgd, hierarchical.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "ddp,post-local-sgd,hierarchical"
+    )]
+    algorithms: Vec<String>,
+    /// Averaging period (local-sgd, post-local-sgd).
+    #[arg(long, default_value_t = 4)]
+    period: u64,
+    /// Hierarchical levels "period:group-size,..." (default: the ranks of a host every
+    /// --period, the world every 4 x --period; one level of the world on one-rank hosts).
+    #[arg(long, default_value = "")]
+    levels: String,
+    /// Warmup iterations (gradient all-reduce; also the averagers' warmup).
+    #[arg(long, default_value_t = 0)]
+    warmup: u64,
+    /// Loss all-reduce every N iterations (0: never).
+    #[arg(long, default_value_t = 0)]
+    log_every: u64,
+    /// Gradient compression.
+    #[arg(long, value_enum, default_value = "none")]
+    compression: Compression,
+    /// Target share of communication in a steady iteration, for the recommended period.
+    #[arg(long, default_value_t = 0.1)]
+    target_comm_share: f64,
+    /// Iterations of a run: the JSON then lists rank 0's payload bytes of each of them
+    /// (`[bytes, data_bytes]`, as `metrics.csv` counts them) and the predicted run time.
+    #[arg(long)]
+    steps: Option<u64>,
+    /// Also write the predictions as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+fn positive(name: &str, v: f64) -> Result<f64> {
+    if v.is_finite() && v > 0.0 {
+        Ok(v)
+    } else {
+        bail!("invalid --{name} {v}: must be a positive number")
+    }
+}
+
+fn algorithm(name: &str, flags: &PlanFlags, layout: Layout) -> Result<Algorithm> {
+    Ok(match name {
+        "ddp" => Algorithm::Ddp,
+        "local-sgd" => Algorithm::Periodic {
+            period: flags.period,
+            gradient_warmup: false,
+        },
+        "post-local-sgd" => Algorithm::Periodic {
+            period: flags.period,
+            gradient_warmup: true,
+        },
+        "hierarchical" => {
+            let levels = if flags.levels.trim().is_empty() {
+                default_levels(layout, flags.period)
+            } else {
+                parse_levels(&flags.levels)?
+            };
+            Algorithm::Hierarchical { levels }
+        }
+        other => bail!(
+            "invalid --algorithms entry {other:?}: valid: ddp, local-sgd, post-local-sgd, hierarchical"
+        ),
+    })
+}
+
+/// The ranks of a host every `period`, the world every `4 * period` (the world alone when a
+/// host has one rank, or there is one host).
+pub(crate) fn default_levels(layout: Layout, period: u64) -> Vec<(u64, usize)> {
+    let w = layout.world();
+    if layout.ranks_per_host > 1 && layout.hosts > 1 {
+        vec![(period, layout.ranks_per_host), (4 * period, w)]
+    } else {
+        vec![(period, w)]
+    }
+}
+
+pub(crate) fn run(flags: &PlanFlags) -> Result<()> {
+    if flags.hosts == 0 || flags.ranks_per_host == 0 {
+        bail!(
+            "invalid layout --hosts {} --ranks-per-host {}: both must be at least 1",
+            flags.hosts,
+            flags.ranks_per_host
+        );
+    }
+    if !(flags.compute_ms.is_finite() && flags.compute_ms >= 0.0) {
+        bail!(
+            "invalid --compute-ms {}: a non-negative number of milliseconds (measure it with `localsgd bench-step`)",
+            flags.compute_ms
+        );
+    }
+    let params = match flags.params {
+        Some(0) => bail!("invalid --params 0: at least 1 parameter"),
+        Some(p) => p,
+        None => {
+            let m = MlpConfig {
+                input: flags.input,
+                hidden: flags.hidden.clone(),
+                classes: flags.classes,
+            };
+            m.validate()
+                .map_err(|e| anyhow::anyhow!("invalid --input/--hidden/--classes: {e}"))?;
+            m.num_params()
+        }
+    };
+    let layout = Layout {
+        hosts: flags.hosts,
+        ranks_per_host: flags.ranks_per_host,
+    };
+    let cluster = Cluster {
+        layout,
+        link: Link {
+            bits_per_second: positive("link-gbit", flags.link_gbit)? * 1e9,
+            latency_s: flags.latency_us.max(0.0) * 1e-6,
+            mtu: flags.mtu,
+            burst_bytes: flags.burst_bytes,
+        },
+        intra_bytes_per_second: positive("intra-gbps", flags.intra_gbps)? * 1e9,
+        intra_latency_s: flags.intra_latency_us.max(0.0) * 1e-6,
+    };
+    let work = Workload {
+        params,
+        compute_s: flags.compute_ms * 1e-3,
+        overhead_s: flags.overhead_ms * 1e-3,
+        // Infinite (the default) means the pipeline's own copies are free.
+        copy_bytes_per_second: if flags.copy_gbps == f64::INFINITY {
+            f64::INFINITY
+        } else {
+            positive("copy-gbps", flags.copy_gbps)? * 1e9
+        },
+        warmup: flags.warmup,
+        log_every: flags.log_every,
+        compressed: flags.compression != Compression::None,
+    };
+    if flags.algorithms.is_empty() {
+        bail!(
+            "invalid --algorithms \"\": name at least one of ddp, local-sgd, post-local-sgd, hierarchical"
+        );
+    }
+    let mut rows: Vec<(Algorithm, Prediction)> = Vec::new();
+    for name in &flags.algorithms {
+        let a = algorithm(name.trim(), flags, layout)?;
+        let p = predict(&a, &work, &cluster)?;
+        rows.push((a, p));
+    }
+    let recommended = recommend_period(&work, &cluster, flags.target_comm_share, 4096)?;
+
+    println!(
+        "plan: {params} parameters ({:.2} MB f32), compute {:.3} ms/iteration, {} host(s) x {} rank(s), link {} Gbit/s (goodput {:.1} MB/s), small collective {} µs",
+        4.0 * params as f64 / 1e6,
+        flags.compute_ms,
+        flags.hosts,
+        flags.ranks_per_host,
+        flags.link_gbit,
+        cluster.link.goodput() / 1e6,
+        flags.latency_us
+    );
+    println!(
+        "{:<28} {:>11} {:>9} {:>11} {:>13} {:>13} {:>12}",
+        "algorithm", "ms/iter", "comm %", "bound ms", "payload B/it", "link B/it", "warmup ms"
+    );
+    for (a, p) in &rows {
+        let name = match a {
+            Algorithm::Periodic { period, .. } => format!("{} period {period}", a.name()),
+            Algorithm::Hierarchical { levels } => format!(
+                "hierarchical {}",
+                levels
+                    .iter()
+                    .map(|(p, g)| format!("{p}:{g}"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            Algorithm::Ddp => "ddp".to_string(),
+        };
+        println!(
+            "{:<28} {:>11.3} {:>8.1}% {:>11.3} {:>13.0} {:>13.0} {:>12.3}",
+            name,
+            p.steady_s * 1e3,
+            100.0 * p.comm_share,
+            p.lower_bound_s * 1e3,
+            p.payload_bytes,
+            p.link_bytes,
+            p.warmup_s * 1e3
+        );
+    }
+    match recommended {
+        Some(period) => println!(
+            "recommended: post-local SGD period {period} keeps communication at or below {:.0}% of a steady iteration",
+            100.0 * flags.target_comm_share
+        ),
+        None => println!(
+            "recommended: no period up to 4096 gets communication below {:.0}% (the per-iteration has-data collective alone costs more); consider larger batches",
+            100.0 * flags.target_comm_share
+        ),
+    }
+    if let Some(path) = &flags.json {
+        let out = serde_json::json!({
+            "params": params,
+            "cluster": cluster,
+            "workload": work,
+            "predictions": rows
+                .iter()
+                .map(|(a, p)| -> Result<serde_json::Value> {
+                    let mut v = serde_json::json!({"spec": a, "prediction": p});
+                    if let Some(steps) = flags.steps {
+                        let schedule = Schedule::new(a, layout.world(), &work)?;
+                        let payload: Vec<(u64, u64)> = (0..steps).map(|i| schedule.payload(i)).collect();
+                        let warm = steps.min(work.warmup) as f64;
+                        v["steps"] = serde_json::json!(steps);
+                        v["payload_per_iteration"] = serde_json::json!(payload);
+                        v["run_link_bytes_per_iteration"] = serde_json::json!(
+                            (warm * p.warmup_link_bytes + (steps as f64 - warm) * p.link_bytes)
+                                / steps.max(1) as f64
+                        );
+                        v["run_seconds"] =
+                            serde_json::json!(warm * p.warmup_s + (steps as f64 - warm) * p.steady_s);
+                    }
+                    Ok(v)
+                })
+                .collect::<Result<Vec<_>>>()?,
+            "recommended_period": recommended,
+            "target_comm_share": flags.target_comm_share,
+        });
+        std::fs::write(path, format!("{out:#}\n"))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
