@@ -1,18 +1,41 @@
 #!/usr/bin/env python3
 """PyTorch reference for `scripts/bench-vs-pytorch`: the same MLP, data split, sharding and
-algorithm settings as `localsgd train`, on W processes talking gloo over loopback.
+algorithm settings as `localsgd train`, on W processes talking gloo.
 
 Modes:
   train (default)   train and evaluate; print one JSON object on the last line of stdout.
   allreduce-bench   gloo all-reduce of 1, 1M and 16M f32 (the sizes of
                     `mpi_check bench`); best of 5, slowest rank; one JSON object.
 
+Launch (--launch):
+  spawn (default)   this process starts the W ranks itself (torch.multiprocessing.spawn), on
+                    loopback (MASTER_ADDR 127.0.0.1, a free port).
+  env               this process is ONE rank, started by someone else (torchrun style): RANK,
+                    WORLD_SIZE, MASTER_ADDR and MASTER_PORT come from the environment, and
+                    --workers must equal WORLD_SIZE. gloo picks its network interface from
+                    GLOO_SOCKET_IFNAME when that is set. Rank 0 prints the result JSON object as
+                    the last line of stdout; the other ranks print nothing on stdout. This is how
+                    ranks run in separate network namespaces ("hosts"). --threads defaults to
+                    max(1, cores // W) here too (the ranks are assumed to share this machine).
+
+Data (--dataset):
+  digits (default)  --data (data/digits.csv.gz): features pixel/16.0 as f32, train rows
+                    [0, 1437), test rows [1437, 1797) in file order; 64 inputs, 10 classes.
+  idx               --data-dir DIR with MNIST-format IDX files (Fashion-MNIST, ...), as
+                    localsgd's `--dataset idx --data-dir DIR` (trainer/src/data/idx.rs): train =
+                    train-images-idx3-ubyte / train-labels-idx1-ubyte, test = t10k-images-idx3-ubyte
+                    / t10k-labels-idx1-ubyte, each file plain or else NAME.gz; features byte/255 as
+                    f32, each image's pixels row-major; input width rows*cols (784 for
+                    Fashion-MNIST); classes = 1 + the largest label of either split (10).
+                    --data-dir is ignored for digits (as in localsgd).
+
 Semantics mirrored from localsgd (see trainer/src and data/README.md):
-  * data: data/digits.csv.gz, features pixel/16.0 as f32, train rows [0, 1437), test rows
-    [1437, 1797) in file order;
-  * model: Linear(64 -> hidden...) -> ReLU ... -> Linear(-> 10), nn.Linear default init from
-    torch.manual_seed(seed) (or --init-weights); layers are named fc1, fc2, ... so that
-    --save-init writes the safetensors layout `localsgd train --init-weights` reads;
+  * data: as above; the model's input width and class count come from the data;
+  * model: Linear(inputs -> hidden...) -> ReLU ... -> Linear(-> classes), nn.Linear default init
+    from torch.manual_seed(seed) (or --init-weights); layers are named fc1, fc2, ... so that
+    --save-init writes the safetensors layout `localsgd train --init-weights` reads
+    (fcK.weight [out, in], fcK.bias [out], F32; with --dataset idx the widths come from the
+    files in --data-dir, so pass the same --dataset/--data-dir/--hidden to both);
   * loss CrossEntropyLoss (mean); SGD(lr, momentum, dampening=0, nesterov=False);
   * sharding: DistributedSampler(shuffle=True, seed=seed, drop_last=False) with set_epoch per
     epoch; batches are consecutive slices of the rank's indices, the last one may be smaller
@@ -23,6 +46,29 @@ Semantics mirrored from localsgd (see trainer/src and data/README.md):
     PeriodicModelAverager(period, warmup_steps=warmup) after every optimizer step;
   * hierarchical: the same hook and HierarchicalModelAverager({period: group_size}, warmup).
 
+Timing (train mode; all clocks time.perf_counter):
+  * loop_seconds: the training loop, from a barrier to the last iteration, slowest rank (MAX over
+    ranks); setup_scope_seconds: model/DDP init + loop + world-averaged evaluation, slowest rank.
+    Neither covers process start, rendezvous or data loading.
+  * iteration_ms (rank 0): one entry per iteration, the wall time from just before
+    opt.zero_grad() to just after the averager (forward, backward with DDP's all-reduce,
+    optimizer step, model averaging). Not in it: the batch gather and, at an epoch's start, the
+    sampler's permutation, so sum(iteration_ms) is a little below rank0_loop_seconds.
+  * steady_ms_per_iteration: mean of iteration_ms over the iterations i in [warmup + 10, steps)
+    if that range is non-empty, else over [warmup, steps) if non-empty, else over all of them
+    (post-warmup, minus 10 iterations of settling; steady_iterations gives the range used).
+  * --eval-every N (0 = off): after iteration i (0-based) with (i + 1) % N == 0, and after the
+    last one, rank 0 evaluates its own model (not the world average) on the whole test set
+    under torch.no_grad: accuracy and mean cross-entropy -> eval_curve entries {iteration: i + 1,
+    train_seconds: loop time so far without evaluations, test_accuracy, test_loss}. Rank 0's
+    evaluation time (eval_seconds) is excluded from its loop clock, from iteration_ms and from its
+    setup scope; rank0_loop_seconds is rank 0's loop time so excluded. The other ranks do not
+    evaluate: they run on and block in their next collective until rank 0 is back, so their
+    loop time includes those waits, and so do the slowest-rank loop_seconds /
+    setup_scope_seconds / samples_per_second*: with --eval-every > 0 use rank0_loop_seconds.
+    (The iteration after an evaluation can also be a little shorter on rank 0: the others are
+    already waiting in its collective.)
+
 Exit codes: 0 ok, 2 bad arguments / failed run, 3 PyTorch is not installed.
 """
 
@@ -31,6 +77,7 @@ import csv
 import gzip
 import importlib
 import json
+import math
 import os
 import socket
 import struct
@@ -67,7 +114,16 @@ def parse_args(argv):
     p.add_argument("--period", type=int, default=4)
     p.add_argument("--levels", default="", help='hierarchical levels "period:group,..." e.g. 2:2,4:4')
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--data", default=DEFAULT_DATA, help="digits.csv.gz")
+    p.add_argument("--dataset", choices=["digits", "idx"], default="digits")
+    p.add_argument("--data", default=DEFAULT_DATA, help="digits.csv.gz (--dataset digits)")
+    p.add_argument("--data-dir", default=None,
+                   help="directory with the MNIST-format IDX files (--dataset idx; plain or .gz)")
+    p.add_argument("--launch", choices=["spawn", "env"], default="spawn",
+                   help="spawn: start the W ranks here on loopback; env: this process is one rank "
+                        "(RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the environment)")
+    p.add_argument("--eval-every", type=int, default=0,
+                   help="rank 0 evaluates its own model every N iterations and after the last "
+                        "(eval_curve; excluded from the loop clock); 0: off")
     p.add_argument("--threads", type=int, default=0,
                    help="intra-op threads per process (0: max(1, cores // workers))")
     p.add_argument("--init-weights", default=None, help="safetensors file (fc1.weight, fc1.bias, ...) to start from")
@@ -85,6 +141,31 @@ def parse_args(argv):
             p.error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be at least 1")
     if args.warmup < 0:
         p.error(f"--warmup {args.warmup}: must be non-negative")
+    if args.eval_every < 0:
+        p.error(f"--eval-every {args.eval_every}: must be non-negative (0: off)")
+    if args.dataset == "idx":
+        if not args.data_dir:
+            p.error('--dataset idx needs --data-dir, a directory with MNIST-format IDX files')
+        if not os.path.isdir(args.data_dir):
+            p.error(f"--data-dir {args.data_dir!r}: not an existing directory")
+    args.env_rank = None
+    if args.launch == "env" and not args.save_init:
+        names = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+        missing = [n for n in names if not os.environ.get(n)]
+        if missing:
+            p.error(f"--launch env needs {', '.join(names)} in the environment; missing: {', '.join(missing)}")
+        try:
+            rank, world, port = (int(os.environ[n]) for n in ("RANK", "WORLD_SIZE", "MASTER_PORT"))
+        except ValueError:
+            p.error(f"--launch env: RANK {os.environ['RANK']!r}, WORLD_SIZE {os.environ['WORLD_SIZE']!r} "
+                    f"and MASTER_PORT {os.environ['MASTER_PORT']!r} must be integers")
+        if world != args.workers:
+            p.error(f"--launch env: --workers {args.workers} but WORLD_SIZE={world}; they must agree")
+        if not 0 <= rank < world:
+            p.error(f"--launch env: RANK={rank} is not in [0, WORLD_SIZE={world})")
+        if not 0 < port < 65536:
+            p.error(f"--launch env: MASTER_PORT={port} is not a TCP port")
+        args.env_rank, args.env_addr, args.env_port = rank, os.environ["MASTER_ADDR"], port
     args.levels_dict = OrderedDict()
     if args.algorithm == "hierarchical":
         if not args.levels:
@@ -124,6 +205,74 @@ def load_digits(path):
             x[TRAIN_ROWS:].contiguous(), y[TRAIN_ROWS:].contiguous())
 
 
+IDX_IMAGES_MAGIC, IDX_LABELS_MAGIC = 0x00000803, 0x00000801
+IDX_FILES = (("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),  # train split
+             ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"))    # test split
+
+
+def idx_locate(data_dir, name):
+    """data_dir/name, or else data_dir/name.gz (trainer/src/data/idx.rs `locate`)."""
+    plain = os.path.join(data_dir, name)
+    for path in (plain, plain + ".gz"):
+        if os.path.isfile(path):
+            return path
+    raise ValueError(f"missing IDX file: tried {plain} and {plain}.gz")
+
+
+def idx_read(path, magic, dims):
+    """The big-endian u32 sizes after the magic, and the uint8 body (which must end the file)."""
+    import numpy as np
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        blob = f.read()
+    header_len = 4 * (1 + dims)
+    if len(blob) >= 4 and struct.unpack(">I", blob[:4])[0] != magic:
+        raise ValueError(f"{path}: magic {struct.unpack('>I', blob[:4])[0]:#010x}, expected {magic:#010x}")
+    if len(blob) < header_len:
+        raise ValueError(f"{path}: truncated: {len(blob)} bytes, the header alone is {header_len}")
+    sizes = struct.unpack(f">{dims}I", blob[4:header_len])
+    expected = header_len + math.prod(sizes)
+    if len(blob) != expected:
+        raise ValueError(f"{path}: {len(blob)} bytes, the header {list(sizes)} says {expected}")
+    return sizes, np.frombuffer(blob, dtype=np.uint8, offset=header_len)
+
+
+def load_idx(data_dir):
+    """(x_train, y_train, x_test, y_test, dim, classes) as localsgd's idx::load_dir: byte/255 as
+    f32, one row-major image per row; classes = 1 + the largest label of either split."""
+    splits = []
+    for images, labels in IDX_FILES:
+        images_path, labels_path = idx_locate(data_dir, images), idx_locate(data_dir, labels)
+        (count, rows, cols), pixels = idx_read(images_path, IDX_IMAGES_MAGIC, 3)
+        (n_labels,), y = idx_read(labels_path, IDX_LABELS_MAGIC, 1)
+        if count != n_labels:
+            raise ValueError(f"{images_path} has {count} images but {labels_path} has {n_labels} labels")
+        x = torch.from_numpy(pixels.reshape(count, rows * cols).copy()).to(torch.float32) / 255.0
+        splits.append((x, torch.from_numpy(y.astype("int64")), rows, cols, images_path))
+    (x_train, y_train, r, c, train_path), (x_test, y_test, tr, tc, test_path) = splits
+    if r * c != tr * tc:
+        raise ValueError(f"train images are {r}x{c} but test images are {tr}x{tc} ({train_path}, {test_path})")
+    labels = torch.cat([y_train, y_test])
+    classes = int(labels.max().item()) + 1 if len(labels) else 1
+    return x_train, y_train, x_test, y_test, r * c, classes
+
+
+def load_data(args):
+    """(x_train, y_train, x_test, y_test, input width, classes) of --dataset."""
+    if args.dataset == "idx":
+        return load_idx(args.data_dir)
+    return load_digits(args.data) + (64, 10)
+
+
+def data_widths(args):
+    """The MLP's layer widths for --dataset: [inputs] + hidden + [classes]."""
+    if args.dataset == "idx":
+        _, _, _, _, dim, classes = load_idx(args.data_dir)
+    else:
+        dim, classes = 64, 10
+    return [dim] + args.hidden_list + [classes]
+
+
 class Mlp(nn.Module):
     """Linear layers fc1..fcK with ReLU between them (none after the last)."""
 
@@ -141,9 +290,9 @@ class Mlp(nn.Module):
         return x
 
 
-def build_model(args):
+def build_model(args, widths):
     torch.manual_seed(args.seed)
-    model = Mlp([64] + args.hidden_list + [10])
+    model = Mlp(widths)
     if args.init_weights:
         state = read_safetensors(args.init_weights)
         model.load_state_dict(state, strict=True)
@@ -200,11 +349,33 @@ def accuracy(model, x, y):
         return (model(x).argmax(dim=1) == y).double().mean().item()
 
 
-def train_worker(rank, args, port, threads, out_path):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
+def evaluate(model, x, y):
+    """(accuracy, mean cross-entropy) of model on the whole of (x, y)."""
+    with torch.no_grad():
+        logits = model(x)
+        acc = (logits.argmax(dim=1) == y).double().mean().item()
+        return acc, nn.functional.cross_entropy(logits, y).item()
+
+
+def steady_range(warmup, steps):
+    """[lo, hi) of the iterations steady_ms_per_iteration averages: [warmup + 10, steps) if
+    non-empty, else [warmup, steps) if non-empty, else [0, steps)."""
+    for lo in (warmup + 10, warmup, 0):
+        if lo < steps:
+            return lo, steps
+    return 0, steps
+
+
+def init_group(rank, args, addr, port, threads):
+    os.environ["MASTER_ADDR"] = addr
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(threads)
     dist.init_process_group("gloo", rank=rank, world_size=args.workers)
+
+
+def train_worker(rank, args, addr, port, threads, out_path=None):
+    """One rank's training run; rank 0 returns the result (and writes it to out_path if given)."""
+    init_group(rank, args, addr, port, threads)
     from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (
         PostLocalSGDState, post_localSGD_hook)
     from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
@@ -217,7 +388,8 @@ def train_worker(rank, args, port, threads, out_path):
     # one-time process cost like loading a binary, so pay it before any clock starts.
     importlib.import_module("torch._dynamo")
 
-    x_train, y_train, x_test, y_test = load_digits(args.data)
+    x_train, y_train, x_test, y_test, input_dim, classes = load_data(args)
+    widths = [input_dim] + args.hidden_list + [classes]
     world = args.workers
 
     # Scope 1 ("setup"): what localsgd's summary.json wall time also covers -- model init, DDP
@@ -225,7 +397,7 @@ def train_worker(rank, args, port, threads, out_path):
     # start, process-group rendezvous or data loading (localsgd loads data before its clock too).
     dist.barrier()
     t_setup = time.perf_counter()
-    model = build_model(args)
+    model = build_model(args, widths)
     ddp = DDP(model)  # CPU module: no device_ids; broadcasts rank 0's parameters
     averager = None
     if args.algorithm in ("post-local-sgd", "hierarchical"):
@@ -243,13 +415,15 @@ def train_worker(rank, args, port, threads, out_path):
 
     class _Len:  # DistributedSampler only needs len(dataset)
         def __len__(self):
-            return TRAIN_ROWS
+            return len(y_train)
 
     sampler = DistributedSampler(_Len(), num_replicas=world, rank=rank, shuffle=True,
                                  seed=args.seed, drop_last=False)
     bs = args.batch_size
 
-    # Scope 2 ("loop"): the training loop only, from a barrier to the last step.
+    # Scope 2 ("loop"): the training loop only, from a barrier to the last step, less rank 0's
+    # evaluations (eval_seconds). iteration_ms: rank 0's zero_grad..averager wall time per step.
+    iteration_ms, eval_curve, eval_seconds = [], [], 0.0
     dist.barrier()
     t_loop = time.perf_counter()
     step, epoch = 0, 0
@@ -261,6 +435,7 @@ def train_worker(rank, args, port, threads, out_path):
                 break
             b = idx[start:start + bs]
             xb, yb = x_train[b], y_train[b]
+            t_it = time.perf_counter()
             opt.zero_grad(set_to_none=True)
             loss = loss_fn(ddp(xb), yb)
             loss.backward()
@@ -268,24 +443,33 @@ def train_worker(rank, args, port, threads, out_path):
             if averager is not None:
                 averager.average_parameters(ddp.parameters())
             step += 1
+            if rank == 0:
+                t_done = time.perf_counter()
+                iteration_ms.append((t_done - t_it) * 1e3)
+                if args.eval_every > 0 and (step % args.eval_every == 0 or step == args.steps):
+                    acc, test_loss = evaluate(model, x_test, y_test)
+                    eval_curve.append({"iteration": step, "train_seconds": t_done - t_loop - eval_seconds,
+                                       "test_accuracy": acc, "test_loss": test_loss})
+                    eval_seconds += time.perf_counter() - t_done
         epoch += 1
     last_loss = loss.item()
-    loop_seconds = time.perf_counter() - t_loop
+    loop_seconds = time.perf_counter() - t_loop - eval_seconds
 
     local_acc = accuracy(model, x_test, y_test)
     # World-averaged model, evaluated without touching the ranks' own models.
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
     dist.all_reduce(flat)
     flat /= world
-    averaged = Mlp([64] + args.hidden_list + [10])
+    averaged = Mlp(widths)
     torch.nn.utils.vector_to_parameters(flat, averaged.parameters())
     avg_acc = accuracy(averaged, x_test, y_test)
-    setup_seconds = time.perf_counter() - t_setup
+    setup_seconds = time.perf_counter() - t_setup - eval_seconds
 
     times = torch.tensor([loop_seconds, setup_seconds], dtype=torch.float64)
     dist.all_reduce(times, op=dist.ReduceOp.MAX)  # slowest rank counts
     loss_t = torch.tensor([last_loss], dtype=torch.float64)
     dist.all_reduce(loss_t)
+    result = None
     if rank == 0:
         slow_loop, slow_setup = times.tolist()
         # Numerator as localsgd's summary.json: samples = sum over ranks of batch_size per
@@ -295,11 +479,19 @@ def train_worker(rank, args, port, threads, out_path):
         # checkpoint + evaluation, trainer/src/main.rs); `samples_per_second` here divides by the
         # slowest rank's loop time, `samples_per_second_setup_scope` by scope 1 above.
         samples = world * bs * args.steps
+        lo, hi = steady_range(args.warmup, args.steps)
         result = {
             "side": "pytorch",
             "torch_version": torch.__version__,
             "algorithm": args.algorithm,
             "workers": world,
+            "launch": args.launch,
+            "dataset": args.dataset,
+            "data": args.data if args.dataset == "digits" else args.data_dir,
+            "input_dim": input_dim,
+            "classes": classes,
+            "train_rows": len(y_train),
+            "test_rows": len(y_test),
             "hidden": args.hidden_list,
             "batch_size": bs,
             "lr": args.lr,
@@ -320,18 +512,27 @@ def train_worker(rank, args, port, threads, out_path):
             "test_accuracy": avg_acc,
             "rank0_test_accuracy": local_acc,
             "final_mean_loss": loss_t.item() / world,
+            # Rank 0 only (see the module docstring, "Timing").
+            "rank0_loop_seconds": loop_seconds,
+            "rank0_samples_per_second": samples / loop_seconds,
+            "iteration_ms": iteration_ms,
+            "steady_iterations": [lo, hi],
+            "steady_ms_per_iteration": sum(iteration_ms[lo:hi]) / (hi - lo),
+            "eval_every": args.eval_every,
+            "eval_seconds": eval_seconds,
+            "eval_curve": eval_curve,
         }
-        with open(out_path, "w") as f:
-            json.dump(result, f)
+        if out_path:
+            with open(out_path, "w") as f:
+                json.dump(result, f)
     dist.barrier()
     dist.destroy_process_group()
+    return result
 
 
-def allreduce_worker(rank, args, port, threads, out_path):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(threads)
-    dist.init_process_group("gloo", rank=rank, world_size=args.workers)
+def allreduce_worker(rank, args, addr, port, threads, out_path=None):
+    """One rank's all-reduce benchmark; rank 0 returns the result (and writes it to out_path)."""
+    init_group(rank, args, addr, port, threads)
     rows = []
     for n in (1, 1 << 20, 16 << 20):
         iters = 2000 if n == 1 else (50 if n <= 1 << 20 else 10)
@@ -348,28 +549,45 @@ def allreduce_worker(rank, args, port, threads, out_path):
             best = min(best, mine.item() / iters)
         rows.append({"floats": n, "time_per_allreduce_us": best * 1e6,
                      "throughput_gbps": n * 4 / best / 1e9})
+    result = None
     if rank == 0:
-        with open(out_path, "w") as f:
-            json.dump({"side": "pytorch-gloo", "workers": args.workers, "threads_per_process": threads,
-                       "allreduce": rows}, f)
+        result = {"side": "pytorch-gloo", "workers": args.workers, "threads_per_process": threads,
+                  "allreduce": rows}
+        if out_path:
+            with open(out_path, "w") as f:
+                json.dump(result, f)
     dist.barrier()
     dist.destroy_process_group()
+    return result
 
 
 def main(argv):
     args = parse_args(argv)
     if args.save_init:
-        model = build_model(args)
+        try:
+            widths = data_widths(args)
+        except (OSError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        model = build_model(args, widths)
         write_safetensors(args.save_init, model.state_dict())
-        print(json.dumps({"saved_init": args.save_init, "seed": args.seed,
-                          "widths": [64] + args.hidden_list + [10]}))
+        print(json.dumps({"saved_init": args.save_init, "seed": args.seed, "widths": widths}))
         return 0
     threads = args.threads if args.threads > 0 else max(1, cores() // args.workers)
+    worker = train_worker if args.mode == "train" else allreduce_worker
+    if args.launch == "env":
+        try:
+            result = worker(args.env_rank, args, args.env_addr, args.env_port, threads)
+        except Exception as e:  # this rank failed: report and exit non-zero
+            print(f"error: PyTorch run failed (rank {args.env_rank}): {e}", file=sys.stderr)
+            return 2
+        if args.env_rank == 0:
+            print(json.dumps(result))
+        return 0
     fd, out_path = tempfile.mkstemp(prefix="bench_pytorch_", suffix=".json")
     os.close(fd)
-    worker = train_worker if args.mode == "train" else allreduce_worker
     try:
-        mp.spawn(worker, args=(args, free_port(), threads, out_path), nprocs=args.workers, join=True)
+        mp.spawn(worker, args=(args, "127.0.0.1", free_port(), threads, out_path), nprocs=args.workers, join=True)
         with open(out_path) as f:
             text = f.read()
         if not text:
