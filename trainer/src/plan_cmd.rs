@@ -64,6 +64,7 @@ pub(crate) struct PlanFlags {
     /// Algorithms, comma-separated: ddp, local-sgd, post-local-sgd, hierarchical.
     #[arg(
         long,
+        alias = "algorithm",
         value_delimiter = ',',
         default_value = "ddp,post-local-sgd,hierarchical"
     )]

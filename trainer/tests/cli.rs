@@ -289,10 +289,8 @@ fn plan_payload_matches_the_metrics_of_a_real_run_exactly() {
             "2"
         };
         let run = dir.path().join(algorithm);
-        let mut args = vec![
-            "train",
-            "--workers",
-            workers,
+        // The settings both commands share: same schedule, same counters.
+        let mut common = vec![
             "--algorithm",
             algorithm,
             "--steps",
@@ -301,32 +299,21 @@ fn plan_payload_matches_the_metrics_of_a_real_run_exactly() {
             "5",
             "--log-every",
             "7",
-            "--progress",
-            "false",
-            "--run-dir",
-            run.to_str().unwrap(),
         ];
-        args.extend(&extra);
+        common.extend(&extra);
+        let mut args = vec!["train", "--workers", workers, "--progress", "false"];
+        args.extend(["--run-dir", run.to_str().unwrap()]);
+        args.extend(&common);
         ok(&localsgd(&args));
         let json = dir.path().join(format!("{algorithm}.json"));
-        let hosts_flags = ["--hosts", "1", "--ranks-per-host", workers];
-        let mut plan = vec![
-            "plan",
-            "--compute-ms",
-            "1",
-            "--algorithms",
-            algorithm,
-            "--steps",
-            "30",
-            "--warmup",
-            "5",
-            "--log-every",
-            "7",
+        let mut plan = vec!["plan", "--compute-ms", "1", "--hosts", "1"];
+        plan.extend([
+            "--ranks-per-host",
+            workers,
             "--json",
             json.to_str().unwrap(),
-        ];
-        plan.extend(hosts_flags);
-        plan.extend(&extra);
+        ]);
+        plan.extend(&common);
         ok(&localsgd(&plan));
         let predicted: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
