@@ -108,12 +108,15 @@ impl MetricsWriter {
 /// target accuracy" are computed from.
 ///
 /// `iteration` counts iterations done; `train_seconds` is rank 0's training time so far (the sum
-/// of its phase times, so evaluations themselves are not counted); `test_accuracy` is rank 0's
-/// own model on the whole test set. After a model-averaging step all ranks hold the same model,
-/// so an evaluation at an iteration count that is a multiple of the averaging period (after the
-/// warmup) measures the consensus model; in between it is rank 0's local replica.
+/// of its phase times, so evaluations themselves are not counted; after a resume it continues
+/// from the file's last row); `test_accuracy` is rank 0's own model on the whole test set.
+/// Right after a model-averaging step all ranks hold the same model: periodic averaging runs in
+/// the iteration with 0-based index `warmup + k * period`, so evaluations after
+/// `done = warmup + 1 + k * period` iterations measure the consensus model (hierarchical
+/// averaging counts from 0: `done = 1 + k * period`); other evaluations see rank 0's replica.
 pub struct EvalWriter {
     out: BufWriter<File>,
+    offset: f64,
 }
 
 impl EvalWriter {
@@ -123,11 +126,22 @@ impl EvalWriter {
     /// Create (or, when `append`, continue) `eval.csv` in `run_dir`.
     pub fn create(run_dir: &Path, append: bool) -> std::io::Result<Self> {
         let path = run_dir.join(Self::FILE);
+        // A resumed run's clock restarts at 0: continue from the last recorded time.
+        let offset = if append && path.exists() {
+            std::fs::read_to_string(&path)?
+                .lines()
+                .skip(1)
+                .filter_map(|l| l.split(',').nth(1)?.parse::<f64>().ok())
+                .last()
+                .unwrap_or(0.0)
+        } else {
+            0.0
+        };
         let (mut out, existed) = open_run_file(&path, append)?;
         if !existed {
             writeln!(out, "iteration,train_seconds,test_accuracy")?;
         }
-        Ok(Self { out })
+        Ok(Self { out, offset })
     }
 
     /// Append one evaluation and flush it (evaluations are rare; a killed run keeps them).
@@ -137,7 +151,8 @@ impl EvalWriter {
         train_seconds: f64,
         test_accuracy: f64,
     ) -> std::io::Result<()> {
-        writeln!(self.out, "{iteration},{train_seconds:.6},{test_accuracy}")?;
+        let secs = self.offset + train_seconds;
+        writeln!(self.out, "{iteration},{secs:.6},{test_accuracy}")?;
         self.out.flush()
     }
 }

@@ -22,7 +22,9 @@
 //!   collectives (a few words) cost their latency only. Groups of one rank cost nothing.
 //!   A token-bucket shaper (`tc ... tbf`, how the benchmarks emulate links) lets up to its
 //!   burst through without waiting once the link has been idle long enough to refill it; a real
-//!   NIC has no such credit (`burst_bytes = 0`).
+//!   NIC has no such credit (`burst_bytes = 0`). The model refills the bucket only while ranks
+//!   compute (compute and overhead of each iteration since the last collective that crossed the
+//!   link) and empties it at each such collective: a conservative credit.
 //! * **The pipeline's own costs.** A fixed overhead per iteration (batch fetch, bookkeeping) and
 //!   a per-byte cost of every data collective (flatten into one buffer, write back), both
 //!   measured on one rank: a one-rank local-SGD iteration less a bare step, and a one-rank DDP
@@ -429,8 +431,12 @@ fn lcm(a: u64, b: u64) -> u64 {
     fn gcd(a: u64, b: u64) -> u64 {
         if b == 0 { a } else { gcd(b, a % b) }
     }
-    a / gcd(a, b) * b
+    (a / gcd(a, b).max(1)).saturating_mul(b)
 }
+
+/// The longest schedule cycle the model walks (the least common multiple of the averaging
+/// period and `log_every`).
+const MAX_CYCLE: u64 = 1_000_000;
 
 /// The model's figures for one algorithm.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -481,7 +487,7 @@ pub fn predict(
             "a positive rate",
         ));
     }
-    if link.mtu.is_nan() || link.mtu <= TCP_IP_HEADERS {
+    if !link.mtu.is_finite() || link.mtu <= TCP_IP_HEADERS {
         return Err(invalid("mtu", link.mtu, "more than 52 bytes"));
     }
     let layout = cluster.layout;
@@ -541,6 +547,13 @@ pub fn predict(
         None
     };
     let cycle = schedule.cycle();
+    if cycle > MAX_CYCLE {
+        return Err(invalid(
+            "period / log-every",
+            cycle,
+            "a schedule that repeats within 1,000,000 iterations (the least common multiple of the period and log-every)",
+        ));
+    }
     let mut sum = (0.0, 0.0, 0.0, 0.0);
     // Two passes over the cycle; the second (steady) one counts.
     for pass in 0..2 {
@@ -576,9 +589,10 @@ pub fn predict(
     })
 }
 
-/// The smallest averaging period whose steady communication share is at most `target`
-/// (periodic averaging over the world), or `None` when even averaging never would not reach it
-/// (the per-iteration control collectives alone exceed it).
+/// The smallest averaging period up to `max_period` whose steady communication share is at
+/// most `target` (periodic averaging over the world, found by bisection, as the share falls
+/// with the period), or `None` when even `max_period` does not reach it (the per-iteration
+/// control collectives alone exceed it).
 pub fn recommend_period(
     work: &Workload,
     cluster: &Cluster,
@@ -592,20 +606,31 @@ pub fn recommend_period(
             "a fraction strictly between 0 and 1",
         ));
     }
-    for period in 1..=max_period.max(1) {
-        let p = predict(
+    let share = |period: u64| -> Result<f64, PlanError> {
+        Ok(predict(
             &Algorithm::Periodic {
                 period,
                 gradient_warmup: true,
             },
             work,
             cluster,
-        )?;
-        if p.comm_share <= target {
-            return Ok(Some(period));
+        )?
+        .comm_share)
+    };
+    // The share falls as the period grows (fewer averages per iteration): bisect.
+    let (mut lo, mut hi) = (1, max_period.max(1));
+    if share(hi)? > target {
+        return Ok(None);
+    }
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if share(mid)? <= target {
+            hi = mid;
+        } else {
+            lo = mid + 1;
         }
     }
-    Ok(None)
+    Ok(Some(lo))
 }
 
 #[cfg(test)]

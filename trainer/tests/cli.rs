@@ -363,3 +363,36 @@ fn plan_and_bench_step_name_bad_values() {
         "{stdout}"
     );
 }
+
+#[test]
+fn eval_csv_time_continues_across_a_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let run_dir = run.to_str().unwrap();
+    let common = [
+        "--eval-every",
+        "8",
+        "--progress",
+        "false",
+        "--run-dir",
+        run_dir,
+    ];
+    let mut first = vec!["train", "--steps", "16"];
+    first.extend(common);
+    ok(&localsgd(&first));
+    let mut second = vec!["train", "--steps", "32", "--resume"];
+    second.extend(common);
+    ok(&localsgd(&second));
+    let text = std::fs::read_to_string(run.join("eval.csv")).unwrap();
+    let rows: Vec<(u64, f64)> = text
+        .lines()
+        .skip(1)
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            (f[0].parse().unwrap(), f[1].parse().unwrap())
+        })
+        .collect();
+    let iterations: Vec<u64> = rows.iter().map(|r| r.0).collect();
+    assert_eq!(iterations, [8, 16, 24, 32]);
+    assert!(rows.windows(2).all(|w| w[0].1 < w[1].1), "{rows:?}");
+}
