@@ -144,6 +144,15 @@ impl Cluster {
         (first + size - 1) / r - first / r + 1
     }
 
+    /// The most hosts any block of `size` consecutive ranks touches.
+    fn max_spanned(&self, size: usize) -> usize {
+        let blocks = self.layout.world() / size.max(1);
+        (0..blocks.max(1))
+            .map(|b| self.hosts_spanned(b * size, size))
+            .max()
+            .unwrap_or(1)
+    }
+
     /// Seconds to all-reduce `bytes` in every block of `size` consecutive ranks at once (the
     /// slowest block counts), and the bytes each host link carries in one direction. `credit`:
     /// payload bytes a token-bucket shaper lets through without waiting (its refilled burst).
@@ -152,12 +161,7 @@ impl Cluster {
             return (0.0, 0.0);
         }
         let share = 2.0 * (size as f64 - 1.0) / size as f64 * bytes;
-        let blocks = self.layout.world() / size;
-        let spans = (0..blocks.max(1))
-            .map(|b| self.hosts_spanned(b * size, size))
-            .max()
-            .unwrap_or(1);
-        if spans <= 1 {
+        if self.max_spanned(size) <= 1 {
             (
                 self.intra_latency_s + share / self.intra_bytes_per_second,
                 0.0,
@@ -172,7 +176,7 @@ impl Cluster {
     fn control(&self, size: usize) -> f64 {
         if size <= 1 {
             0.0
-        } else if self.hosts_spanned(0, size) <= 1 {
+        } else if self.max_spanned(size) <= 1 {
             self.intra_latency_s
         } else {
             self.link.latency_s
@@ -346,7 +350,9 @@ impl Schedule {
     /// The collectives rank 0 issues in iteration `i` (0-based), in order.
     pub fn iteration(&self, i: u64) -> Vec<Collective> {
         let w = self.world;
-        let grad_bytes = if self.compressed { 2 } else { 4 } * self.params;
+        let grad_bytes = self
+            .params
+            .saturating_mul(if self.compressed { 2 } else { 4 });
         let mut out = vec![Collective {
             group: w,
             bytes: 8,
@@ -367,7 +373,7 @@ impl Schedule {
             });
             out.push(Collective {
                 group,
-                bytes: 4 * self.params,
+                bytes: self.params.saturating_mul(4),
                 data: true,
             });
         };
