@@ -43,18 +43,17 @@ pub(crate) fn run(flags: &BenchStepFlags) -> Result<()> {
     };
     let params = mcfg.num_params();
     let n = data.train.len();
-    let batches = (0..8)
-        .map(|b| {
-            let idx: Vec<usize> = (0..cfg.batch_size)
-                .map(|k| (b * cfg.batch_size + k) % n)
-                .collect();
-            data.train.batch_tensors(&idx, &device)
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let per_epoch = (n / cfg.batch_size).max(1);
     let mut optim = run::optimizer(&cfg);
     let mut times = Vec::with_capacity(flags.iters);
     for it in 0..flags.warmup_iters + flags.iters {
-        let batch = &batches[it % batches.len()];
+        // Consecutive batches through the whole training set, as training sees them, built
+        // outside the clock.
+        let b = it % per_epoch;
+        let idx: Vec<usize> = (0..cfg.batch_size)
+            .map(|k| (b * cfg.batch_size + k) % n)
+            .collect();
+        let batch = &data.train.batch_tensors(&idx, &device)?;
         let started = Instant::now();
         let l = run::loss(&model, batch);
         let _value = l.clone().into_scalar::<f32>();
