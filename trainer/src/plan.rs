@@ -468,7 +468,9 @@ pub struct Prediction {
     /// Bytes per steady iteration sent onto all host links together (what the links' transmit
     /// counters of all hosts add up to, less packet headers).
     pub wire_bytes: f64,
-    /// `max(compute, link_bytes / goodput)`: the iteration with every collective hidden.
+    /// `link_bytes / goodput`: the busiest link's busy time per steady iteration.
+    pub wire_s: f64,
+    /// `max(compute, wire_s)`: the iteration with every collective hidden.
     pub lower_bound_s: f64,
 }
 
@@ -591,6 +593,7 @@ pub fn predict(
         link_bytes,
         warmup_link_bytes,
         wire_bytes: wire,
+        wire_s: link_bytes / link.goodput(),
         lower_bound_s: work.compute_s.max(link_bytes / link.goodput()),
     })
 }
@@ -686,6 +689,7 @@ mod tests {
         close(p.payload_data_bytes, 2_400_000.0);
         close(p.link_bytes, 2.4e6);
         close(p.wire_bytes, 4.8e6);
+        close(p.wire_s, wire);
         close(p.lower_bound_s, wire);
     }
 

@@ -300,6 +300,14 @@ impl BatchSource<(Tensor<2>, Tensor<1, Int>)> for ShardLoader {
     }
 }
 
+/// An I/O error writing the run file `what`, as a run error.
+fn output_error(what: &'static str) -> impl Fn(std::io::Error) -> RunError {
+    move |e| RunError::Output {
+        what: what.into(),
+        message: e.to_string(),
+    }
+}
+
 /// Progress callback: (iterations done, total iterations, last global loss).
 pub type Progress = Box<dyn FnMut(u64, u64, Option<f64>) + Send>;
 
@@ -378,23 +386,15 @@ pub fn train_worker(
 
     let mut metrics = match (rank, run_dir) {
         (0, Some(dir)) => Some(
-            MetricsWriter::create(dir, cfg.metrics_format, cfg.resume).map_err(|e| {
-                RunError::Output {
-                    what: "metrics".into(),
-                    message: e.to_string(),
-                }
-            })?,
+            MetricsWriter::create(dir, cfg.metrics_format, cfg.resume)
+                .map_err(output_error("metrics"))?,
         ),
         _ => None,
     };
 
-    let output_error = |what: &str, e: std::io::Error| RunError::Output {
-        what: what.into(),
-        message: e.to_string(),
-    };
     let mut evals = match (rank, run_dir, cfg.eval_every) {
         (0, Some(dir), every) if every > 0 => {
-            Some(EvalWriter::create(dir, cfg.resume).map_err(|e| output_error("eval.csv", e))?)
+            Some(EvalWriter::create(dir, cfg.resume).map_err(output_error("eval.csv"))?)
         }
         _ => None,
     };
@@ -419,12 +419,8 @@ pub fn train_worker(
                 if rank == 0 {
                     curve.push((report.iteration as f64, report.loss as f64));
                     if let Some(w) = &mut metrics {
-                        w.record(loader.epoch(), cfg.lr, &report).map_err(|e| {
-                            RunError::Output {
-                                what: "metrics".into(),
-                                message: e.to_string(),
-                            }
-                        })?;
+                        w.record(loader.epoch(), cfg.lr, &report)
+                            .map_err(output_error("metrics"))?;
                     }
                     if let Some(p) = &mut progress {
                         p(pipeline.iteration(), total, last_global);
@@ -436,7 +432,7 @@ pub fn train_worker(
                         let acc = accuracy(&model, &data.test, &device)?;
                         let secs = pipeline.phase_times().total().as_secs_f64();
                         e.record(done, secs, acc)
-                            .map_err(|e| output_error("eval.csv", e))?;
+                            .map_err(output_error("eval.csv"))?;
                     }
                 }
             }
@@ -449,10 +445,7 @@ pub fn train_worker(
     let wall = started.elapsed();
     let traffic = group.traffic() - traffic_start;
     if let Some(w) = &mut metrics {
-        w.flush().map_err(|e| RunError::Output {
-            what: "metrics".into(),
-            message: e.to_string(),
-        })?;
+        w.flush().map_err(output_error("metrics"))?;
     }
     // The final state is always saved when there is a run directory, so `resume` can continue.
     if let Some(dir) = &ckpt_dir {
