@@ -114,6 +114,8 @@ def parse_args(argv):
     p.add_argument("--period", type=int, default=4)
     p.add_argument("--levels", default="", help='hierarchical levels "period:group,..." e.g. 2:2,4:4')
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--flush-denormals", action="store_true",
+                   help="torch.set_flush_denormal(True) in every rank (localsgd's flush-denormals = true)")
     p.add_argument("--dataset", choices=["digits", "idx"], default="digits")
     p.add_argument("--data", default=DEFAULT_DATA, help="digits.csv.gz (--dataset digits)")
     p.add_argument("--data-dir", default=None,
@@ -370,6 +372,8 @@ def init_group(rank, args, addr, port, threads):
     os.environ["MASTER_ADDR"] = addr
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(threads)
+    if args.flush_denormals and not torch.set_flush_denormal(True):
+        raise SystemExit("--flush-denormals: this CPU does not support flushing denormals")
     dist.init_process_group("gloo", rank=rank, world_size=args.workers)
 
 

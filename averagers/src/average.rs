@@ -16,6 +16,9 @@ use localsgd_comm::{Group, GroupExt};
 /// - The element type follows the parameters: `f64` if any selected parameter is `f64`, else
 ///   `f32` (half-precision parameters are averaged in `f32`).
 /// - An empty selection is a no-op without any communication.
+/// - So is a group of one rank (a hierarchical level of size 1, a one-worker run): the average
+///   of one replica is itself (PyTorch divides by 1 and all-reduces alone, which gives the same
+///   bits), so nothing is flattened, checked or sent.
 /// - Before the fused all-reduce, the ranks exchange a small fingerprint of what they are about
 ///   to average (one extra all-gather of four words). If the ranks selected different tensors,
 ///   sizes or element types, every rank gets [`AveragerError::ParameterSetMismatch`] naming what
@@ -30,6 +33,9 @@ pub fn average_in_group<M: Module>(
     selection: &ParamSelection,
     group: &Group,
 ) -> Result<M, AveragerError> {
+    if group.size() == 1 {
+        return Ok(module);
+    }
     let mut flat = flatten_params(&module, selection)?;
     if flat.layout.is_empty() {
         return Ok(module);

@@ -225,3 +225,39 @@ fn last_period_one_warns_through_tracing() {
     quiet.during(|| HierarchicalModelAverager::new(&[(2, 1)], 0, solo_group()).unwrap());
     assert!(quiet.warnings().is_empty());
 }
+
+#[test]
+fn a_level_of_one_rank_communicates_nothing() {
+    // Levels (2, 1), (4, 4) on 4 ranks: steps 2 and 6 are due at the 1-rank level (each replica
+    // "averages" with itself: the identity, no collective), steps 0, 4, 8 at the world level
+    // (the 4-word parameter-set check, then the fused all-reduce).
+    let out = ThreadWorld::new(4)
+        .unwrap()
+        .run(|world| {
+            let device = Device::flex();
+            let rank = world.rank() as f64;
+            let mut avg =
+                HierarchicalModelAverager::new(&[(2, 1), (4, 4)], 0, world.clone()).unwrap();
+            let mut m = Three::new(&device);
+            let mut per_step = Vec::new();
+            for _ in 0..9 {
+                m = fill(m, rank);
+                let before = world.traffic();
+                m = avg.average_parameters(m, &ParamSelection::All).unwrap();
+                let t = world.traffic() - before;
+                per_step.push((t.collectives, param_values(&m)[0][0]));
+            }
+            per_step
+        })
+        .unwrap();
+    for (rank, steps) in out.iter().enumerate() {
+        for (step, &(collectives, value)) in steps.iter().enumerate() {
+            let (want_collectives, want_value) = match step {
+                0 | 4 | 8 => (2, WORLD_MEAN[rank]),
+                _ => (0, LOCAL[rank]),
+            };
+            assert_eq!(collectives, want_collectives, "rank {rank} step {step}");
+            assert_eq!(value, want_value, "rank {rank} step {step}");
+        }
+    }
+}

@@ -34,6 +34,9 @@ pub(crate) fn run(flags: &BenchStepFlags) -> Result<()> {
         bail!("invalid --iters 0: at least 1 timed iteration");
     }
     let cfg = crate::resolve_settings(&flags.config)?;
+    if cfg.flush_denormals {
+        localsgd_trainer::denormals::flush_on_compute_threads()?;
+    }
     let data = run::load_data(&cfg).context("loading the data set")?;
     let device = Device::flex().autodiff();
     let mcfg = run::model_config(&cfg, &data.train);

@@ -399,13 +399,10 @@ impl CheckpointDir {
         Ok(self.root.join(name.trim()))
     }
 
-    /// Load `rank`'s file from the latest checkpoint and check it belongs to a run with the same
-    /// identity (world size and algorithm).
-    pub fn load_rank(
-        &self,
-        rank: usize,
-        identity: &RunIdentity,
-    ) -> Result<RankCheckpoint, CheckpointError> {
+    /// The latest checkpoint directory, after checking that its manifest belongs to a run with
+    /// this identity (world size and algorithm). Reads only the manifest: the binary calls it
+    /// before it writes anything into a run directory it is asked to resume.
+    pub fn check_latest(&self, identity: &RunIdentity) -> Result<PathBuf, CheckpointError> {
         let dir = self.latest()?;
         // The manifest first: a run with more ranks than the checkpoint has rank files must get
         // the world-size message on every rank, not "file not found" on the extra ranks.
@@ -421,6 +418,17 @@ impl CheckpointDir {
                 ))
             })?;
         check_identity(&dir, &saved, identity)?;
+        Ok(dir)
+    }
+
+    /// Load `rank`'s file from the latest checkpoint and check it belongs to a run with the same
+    /// identity (world size and algorithm).
+    pub fn load_rank(
+        &self,
+        rank: usize,
+        identity: &RunIdentity,
+    ) -> Result<RankCheckpoint, CheckpointError> {
+        let dir = self.check_latest(identity)?;
         let path = dir.join(format!("rank-{rank}.ckpt"));
         let bytes = fs::read(&path).map_err(io(&path))?;
         let ckpt = RankCheckpoint::decode(&path, &bytes)?;

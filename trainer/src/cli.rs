@@ -7,6 +7,27 @@ use crate::config::{
 };
 use std::path::PathBuf;
 
+/// Layer widths as given on the command line: comma-separated, `""` for none.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Widths(pub Vec<usize>);
+
+/// Parse `128,64` (spaces allowed around the commas) or `""` (no layers) into [`Widths`].
+pub fn parse_widths(s: &str) -> Result<Widths, String> {
+    if s.trim().is_empty() {
+        return Ok(Widths(Vec::new()));
+    }
+    s.split(',')
+        .map(|part| {
+            part.trim().parse::<usize>().map_err(|_| {
+                format!(
+                    "{part:?} is not a width: expected comma-separated non-negative integers, e.g. 128,64, or \"\" for no hidden layer"
+                )
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Widths)
+}
+
 /// Settings given on the command line (each overrides the same key of the config file).
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct ConfigFlags {
@@ -49,9 +70,9 @@ pub struct ConfigFlags {
     /// Gradient compression.
     #[arg(long, value_enum)]
     pub compression: Option<Compression>,
-    /// Hidden layer widths, comma-separated (e.g. 128,64).
-    #[arg(long, value_delimiter = ',')]
-    pub hidden: Option<Vec<usize>>,
+    /// Hidden layer widths, comma-separated (e.g. 128,64; "" for none: a linear classifier).
+    #[arg(long, value_parser = parse_widths, value_name = "W1,W2,...")]
+    pub hidden: Option<Widths>,
     /// Data set.
     #[arg(long, value_enum)]
     pub dataset: Option<DatasetKind>,
@@ -115,6 +136,9 @@ pub struct ConfigFlags {
     /// Skip optimizer steps with non-finite gradients (true/false).
     #[arg(long)]
     pub skip_non_finite: Option<bool>,
+    /// Flush subnormal floats to zero on the compute threads (true/false).
+    #[arg(long)]
+    pub flush_denormals: Option<bool>,
     /// Metrics file format.
     #[arg(long, value_enum)]
     pub metrics_format: Option<MetricsFormat>,
@@ -167,7 +191,6 @@ impl ConfigFlags {
             bucket_cap_mb,
             first_bucket_mb,
             compression,
-            hidden,
             dataset,
             synthetic_samples,
             synthetic_dim,
@@ -186,9 +209,13 @@ impl ConfigFlags {
             resume,
             timeout_secs,
             skip_non_finite,
+            flush_denormals,
             metrics_format,
             progress,
         );
+        if let Some(Widths(v)) = &flags.hidden {
+            cfg.hidden = v.clone();
+        }
         if let Some(v) = flags.subgroup_size {
             cfg.subgroup_size = Some(v);
         }

@@ -177,6 +177,9 @@ pub struct TrainConfig {
     pub timeout_secs: u64,
     /// Skip optimizer steps whose gradients are not finite (averaging still runs).
     pub skip_non_finite: bool,
+    /// Flush subnormal floats to zero on the compute threads (faster long runs on x86; results
+    /// differ from IEEE arithmetic wherever subnormals occur). See [`crate::denormals`].
+    pub flush_denormals: bool,
     /// Format of the per-step metrics file.
     pub metrics_format: MetricsFormat,
     /// Show a progress bar on rank 0.
@@ -220,6 +223,7 @@ impl Default for TrainConfig {
             init_weights: None,
             timeout_secs: 300,
             skip_non_finite: false,
+            flush_denormals: false,
             metrics_format: MetricsFormat::Csv,
             progress: true,
         }
@@ -305,6 +309,11 @@ impl TrainConfig {
                 "cuda",
                 "`cpu`: this binary was built without CUDA support; rebuild with `cargo build -p localsgd-trainer --features cuda` on a machine with the CUDA toolkit",
             ));
+        }
+        if self.flush_denormals
+            && let Err(e) = crate::denormals::supported()
+        {
+            return Err(bad("flush-denormals", true, format!("`false`: {e}")));
         }
         if self.warmup < 0 {
             return Err(bad(

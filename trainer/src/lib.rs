@@ -10,6 +10,7 @@ pub mod checkpoint;
 pub mod cli;
 pub mod config;
 pub mod data;
+pub mod denormals;
 pub mod init_weights;
 pub mod metrics;
 pub mod model;

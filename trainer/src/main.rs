@@ -2,6 +2,7 @@
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
+use localsgd_trainer::checkpoint::CheckpointDir;
 use localsgd_trainer::cli::ConfigFlags;
 use localsgd_trainer::config::{AlgorithmKind, Backend, TrainConfig};
 use localsgd_trainer::plot::write_loss_svg;
@@ -136,6 +137,12 @@ fn train(flags: &ConfigFlags) -> Result<()> {
 /// is validated (and, under MPI, only by rank 0).
 fn prepare_run_dir(cfg: &TrainConfig) -> Result<PathBuf> {
     let dir = cfg.run_dir.clone();
+    if cfg.resume {
+        // Refuse a checkpoint of another run before anything in its directory is rewritten
+        // (config.toml would otherwise describe the refused settings).
+        let identity = run::run_identity(cfg, cfg.workers)?;
+        CheckpointDir::new(&dir).check_latest(&identity)?;
+    }
     std::fs::create_dir_all(&dir)
         .with_context(|| format!("creating run directory {}", dir.display()))?;
     let effective = cfg.to_toml();

@@ -11,7 +11,8 @@
 //!   averaging; a model average (a 4-word parameter-set check, then `4P` bytes) at
 //!   `i >= warmup` with `(i - warmup) % period == 0` (periodic, as PyTorch's
 //!   `PeriodicModelAverager`) or, for hierarchical levels, in the group of the largest level
-//!   period dividing `i` (PyTorch's `HierarchicalModelAverager`); the loss all-reduce (one
+//!   period dividing `i` (PyTorch's `HierarchicalModelAverager`), nothing where that group
+//!   has one rank (averaging alone is the identity); the loss all-reduce (one
 //!   `f64`) every `log_every` iterations. [`Schedule::payload`] gives rank 0's payload bytes,
 //!   which are exactly what `metrics.csv` counts.
 //! * **Collective time.** A group of `m` ranks that stays inside one host all-reduces `n` bytes
@@ -366,6 +367,10 @@ impl Schedule {
             })
         };
         let average = |out: &mut Vec<Collective>, group: usize| {
+            // Averaging over one rank is the identity and communicates nothing.
+            if group <= 1 {
+                return;
+            }
             out.push(Collective {
                 group,
                 bytes: 32,
@@ -745,6 +750,19 @@ mod tests {
         let intra = 3.0 * (5e-6 + 5e-6 + 4000.0 / 5e9) / 16.0;
         let world = (50e-6 + 50e-6 + 6000.0 / c.link.goodput()) / 16.0;
         close(p.comm_s, 50e-6 + intra + world);
+    }
+
+    #[test]
+    fn a_level_of_one_rank_sends_nothing() {
+        // Levels 2:1, 4:2 on 2 ranks: steps 2, 6, ... average alone (the identity, nothing sent),
+        // steps 0, 4, 8, ... over both ranks (4-word check + 4P bytes).
+        let a = Algorithm::Hierarchical {
+            levels: vec![(2, 1), (4, 2)],
+        };
+        let s = Schedule::new(&a, 2, &work(1000, 1e-3)).unwrap();
+        assert_eq!(s.payload(2), (8, 0));
+        assert_eq!(s.payload(6), (8, 0));
+        assert_eq!(s.payload(4), (8 + 32 + 4000, 4000));
     }
 
     #[test]

@@ -20,9 +20,9 @@ pub(crate) struct PlanFlags {
     /// MLP input width (64: digits, 784: 28x28 IDX images).
     #[arg(long, default_value_t = 64)]
     input: usize,
-    /// MLP hidden widths, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "64")]
-    hidden: Vec<usize>,
+    /// MLP hidden widths, comma-separated ("" for none).
+    #[arg(long, value_parser = localsgd_trainer::cli::parse_widths, default_value = "64")]
+    hidden: localsgd_trainer::cli::Widths,
     /// MLP classes.
     #[arg(long, default_value_t = 10)]
     classes: usize,
@@ -73,7 +73,8 @@ pub(crate) struct PlanFlags {
     #[arg(long, default_value_t = 4)]
     period: u64,
     /// Hierarchical levels "period:group-size,..." (default: the ranks of a host every
-    /// --period, the world every 4 x --period; one level of the world on one-rank hosts).
+    /// --period, the world every 4 x --period; on an even number (> 2) of one-rank hosts, pairs
+    /// of hosts every --period; otherwise the world every --period).
     #[arg(long, default_value = "")]
     levels: String,
     /// Warmup iterations (gradient all-reduce; also the averagers' warmup).
@@ -130,16 +131,22 @@ fn algorithm(name: &str, flags: &PlanFlags, layout: Layout) -> Result<Algorithm>
     })
 }
 
-/// The ranks of a host every `period`, the world every `4 * period` (the world alone when a
-/// host has one rank, or there is one host).
+/// The ranks of a host every `period`, the world every `4 * period`; on an even number (more
+/// than 2) of one-rank hosts, pairs of hosts every `period` and the world every `4 * period`;
+/// otherwise the world every `period`. (`scripts/bench-matrix` uses the same rule.)
 pub(crate) fn default_levels(layout: Layout, period: u64) -> Vec<(u64, usize)> {
     let w = layout.world();
     if layout.ranks_per_host > 1 && layout.hosts > 1 {
         vec![(period, layout.ranks_per_host), (4 * period, w)]
+    } else if layout.ranks_per_host == 1 && layout.hosts > 2 && w.is_multiple_of(2) {
+        vec![(period, 2), (4 * period, w)]
     } else {
         vec![(period, w)]
     }
 }
+
+/// The most iterations `--steps` lists (20 bytes of JSON each).
+const MAX_LISTED_STEPS: u64 = 1_000_000;
 
 pub(crate) fn run(flags: &PlanFlags) -> Result<()> {
     if flags.hosts == 0 || flags.ranks_per_host == 0 {
@@ -155,13 +162,20 @@ pub(crate) fn run(flags: &PlanFlags) -> Result<()> {
             flags.compute_ms
         );
     }
+    if let Some(steps) = flags.steps
+        && steps > MAX_LISTED_STEPS
+    {
+        bail!(
+            "invalid --steps {steps}: at most {MAX_LISTED_STEPS} (the JSON lists every iteration's bytes)"
+        );
+    }
     let params = match flags.params {
         Some(0) => bail!("invalid --params 0: at least 1 parameter"),
         Some(p) => p,
         None => {
             let m = MlpConfig {
                 input: flags.input,
-                hidden: flags.hidden.clone(),
+                hidden: flags.hidden.0.clone(),
                 classes: flags.classes,
             };
             m.validate()

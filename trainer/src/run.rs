@@ -43,6 +43,9 @@ pub enum RunError {
     /// A collective outside the pipeline failed (setup, evaluation).
     #[error("communication: {0}")]
     Comm(#[from] CommError),
+    /// `flush-denormals` on a CPU this build cannot set it on.
+    #[error(transparent)]
+    Denormals(#[from] crate::denormals::UnsupportedArch),
     /// The configured compute device is not available in this build.
     #[error("device: {0}")]
     Device(String),
@@ -176,6 +179,15 @@ pub fn model_config(cfg: &TrainConfig, train: &Dataset) -> MlpConfig {
         hidden: cfg.hidden.clone(),
         classes: train.num_classes(),
     }
+}
+
+/// What every checkpoint of a run of `cfg` on `world` ranks records about the run, and what a
+/// resumed run must match (world size and algorithm settings).
+pub fn run_identity(cfg: &TrainConfig, world: usize) -> Result<RunIdentity, RunError> {
+    Ok(RunIdentity {
+        world_size: world,
+        algorithm: AlgorithmSpec::from_config(cfg)?.identity(),
+    })
 }
 
 /// The optimizer of a configuration.
@@ -322,6 +334,9 @@ pub fn train_worker(
 ) -> Result<WorkerResult, RunError> {
     let rank = group.rank();
     let world = group.size();
+    if cfg.flush_denormals {
+        crate::denormals::flush_on_compute_threads()?;
+    }
     let device = compute_device(cfg.device, &group)?;
     let mcfg = model_config(cfg, &data.train);
     let mut model = match &cfg.init_weights {
@@ -329,10 +344,7 @@ pub fn train_worker(
         None => mcfg.init(cfg.seed, &device)?,
     };
     let spec = AlgorithmSpec::from_config(cfg)?;
-    let identity = RunIdentity {
-        world_size: world,
-        algorithm: spec.identity(),
-    };
+    let identity = run_identity(cfg, world)?;
     let parts = algorithm::build(&spec, &group)?;
     let options = PipelineOptions {
         lr: cfg.lr,

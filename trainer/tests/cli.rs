@@ -162,6 +162,27 @@ fn flags_override_the_config_file() {
     assert_eq!(resolved.hidden, vec![32, 16]);
 }
 
+fn parse_flags(args: &[&str]) -> Result<ConfigFlags, String> {
+    use clap::FromArgMatches;
+    let cmd = ConfigFlags::augment_args(clap::Command::new("t"));
+    let matches = cmd
+        .try_get_matches_from(std::iter::once("t").chain(args.iter().copied()))
+        .map_err(|e| e.to_string())?;
+    ConfigFlags::from_arg_matches(&matches).map_err(|e| e.to_string())
+}
+
+#[test]
+fn hidden_takes_a_list_or_nothing() {
+    // configuration.md: `--hidden 128,64`; an empty list is a linear classifier.
+    let widths = |args: &[&str]| parse_flags(args).unwrap().resolve().unwrap().hidden;
+    assert_eq!(widths(&["--hidden", "128,64"]), vec![128, 64]);
+    assert_eq!(widths(&["--hidden", "128, 64"]), vec![128, 64]);
+    assert_eq!(widths(&["--hidden", ""]), Vec::<usize>::new());
+    assert_eq!(widths(&[]), vec![64]);
+    let err = parse_flags(&["--hidden", "128,x"]).unwrap_err();
+    assert!(err.contains("\"x\" is not a width"), "{err}");
+}
+
 #[test]
 fn every_setting_is_both_a_toml_key_and_a_flag() {
     let keys: std::collections::BTreeSet<String> =
@@ -347,6 +368,18 @@ fn plan_and_bench_step_name_bad_values() {
         "plan",
         "--compute-ms",
         "1",
+        "--steps",
+        "1000001",
+        "--json",
+        "/dev/null",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--steps 1000001: at most 1000000"), "{err}");
+    let out = localsgd(&[
+        "plan",
+        "--compute-ms",
+        "1",
         "--levels",
         "2:3",
         "--algorithms",
@@ -395,4 +428,57 @@ fn eval_csv_time_continues_across_a_resume() {
     let iterations: Vec<u64> = rows.iter().map(|r| r.0).collect();
     assert_eq!(iterations, [8, 16, 24, 32]);
     assert!(rows.windows(2).all(|w| w[0].1 < w[1].1), "{rows:?}");
+}
+
+#[test]
+fn a_refused_resume_rewrites_nothing() {
+    // The quickstart's order: a 2-worker run, then `--resume` with 4 workers. The checkpoint is
+    // refused (configuration.md: the saved config.toml repeats the run), and the run directory
+    // is left as the first run wrote it.
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let run_dir = run.to_str().unwrap();
+    ok(&localsgd(&[
+        "train",
+        "--steps",
+        "8",
+        "--progress",
+        "false",
+        "--run-dir",
+        run_dir,
+    ]));
+    let files = ["config.toml", "metrics.csv", "summary.json", "loss.svg"];
+    let before: Vec<Vec<u8>> = files
+        .iter()
+        .map(|f| std::fs::read(run.join(f)).unwrap())
+        .collect();
+    for extra in [&["--workers", "4"][..], &["--period", "8"][..]] {
+        let mut args = vec![
+            "train",
+            "--steps",
+            "16",
+            "--progress",
+            "false",
+            "--run-dir",
+            run_dir,
+            "--resume",
+        ];
+        args.extend(extra);
+        let out = localsgd(&args);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("cannot resume"), "{stderr}");
+        assert!(
+            !String::from_utf8_lossy(&out.stdout).contains("effective configuration"),
+            "printed a configuration it then refused"
+        );
+    }
+    let after: Vec<Vec<u8>> = files
+        .iter()
+        .map(|f| std::fs::read(run.join(f)).unwrap())
+        .collect();
+    assert!(
+        before == after,
+        "the refused resumes changed the run directory"
+    );
 }
