@@ -140,7 +140,8 @@ fn prepare_run_dir(cfg: &TrainConfig) -> Result<PathBuf> {
     if cfg.resume {
         // Refuse a checkpoint of another run before anything in its directory is rewritten
         // (config.toml would otherwise describe the refused settings).
-        let identity = run::run_identity(cfg, cfg.workers)?;
+        let spec = localsgd_trainer::algorithm::AlgorithmSpec::from_config(cfg)?;
+        let identity = run::run_identity(&spec, cfg.workers);
         CheckpointDir::new(&dir).check_latest(&identity)?;
     }
     std::fs::create_dir_all(&dir)

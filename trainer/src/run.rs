@@ -181,13 +181,13 @@ pub fn model_config(cfg: &TrainConfig, train: &Dataset) -> MlpConfig {
     }
 }
 
-/// What every checkpoint of a run of `cfg` on `world` ranks records about the run, and what a
+/// What every checkpoint of a run of `spec` on `world` ranks records about the run, and what a
 /// resumed run must match (world size and algorithm settings).
-pub fn run_identity(cfg: &TrainConfig, world: usize) -> Result<RunIdentity, RunError> {
-    Ok(RunIdentity {
+pub fn run_identity(spec: &AlgorithmSpec, world: usize) -> RunIdentity {
+    RunIdentity {
         world_size: world,
-        algorithm: AlgorithmSpec::from_config(cfg)?.identity(),
-    })
+        algorithm: spec.identity(),
+    }
 }
 
 /// The optimizer of a configuration.
@@ -344,7 +344,7 @@ pub fn train_worker(
         None => mcfg.init(cfg.seed, &device)?,
     };
     let spec = AlgorithmSpec::from_config(cfg)?;
-    let identity = run_identity(cfg, world)?;
+    let identity = run_identity(&spec, world);
     let parts = algorithm::build(&spec, &group)?;
     let options = PipelineOptions {
         lr: cfg.lr,
