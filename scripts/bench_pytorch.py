@@ -565,6 +565,21 @@ def allreduce_worker(rank, args, addr, port, threads, out_path=None):
     return result
 
 
+def exit_after(rank, worker, *rest):
+    """Run one rank, then leave without interpreter finalization.
+
+    gloo's C++ threads can still hold objects when Python tears itself down after a finished
+    run; the process then aborts ("terminate called without an active exception", SIGABRT)
+    although every collective, the result and destroy_process_group completed (seen once in
+    CI on a post-local SGD run). Everything this rank owes is done and flushed here, so exit
+    directly with status 0; a failure before this point still raises and fails the run.
+    """
+    worker(rank, *rest)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def main(argv):
     args = parse_args(argv)
     if args.save_init:
@@ -587,11 +602,14 @@ def main(argv):
             return 2
         if args.env_rank == 0:
             print(json.dumps(result))
-        return 0
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)  # no interpreter finalization after a finished run (see exit_after)
     fd, out_path = tempfile.mkstemp(prefix="bench_pytorch_", suffix=".json")
     os.close(fd)
     try:
-        mp.spawn(worker, args=(args, "127.0.0.1", free_port(), threads, out_path), nprocs=args.workers, join=True)
+        mp.spawn(exit_after, args=(worker, args, "127.0.0.1", free_port(), threads, out_path),
+                 nprocs=args.workers, join=True)
         with open(out_path) as f:
             text = f.read()
         if not text:
