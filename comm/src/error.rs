@@ -63,6 +63,17 @@ pub enum CommError {
     /// Burn-side problem while flattening or writing back parameters.
     #[error("parameter flattening failed: {0}")]
     Params(String),
+    /// Non-blocking collectives were started and never waited for before their group closed.
+    #[error(
+        "{count} of {started} non-blocking collectives were never waited for; every started \
+         collective must be completed at its completion point"
+    )]
+    LeftPending {
+        /// Collectives never waited for.
+        count: u64,
+        /// Collectives started on the group.
+        started: u64,
+    },
     /// A backend-specific failure (MPI, NCCL).
     #[error("{backend} backend error: {message}")]
     Backend {

@@ -2,7 +2,7 @@
 
 use crate::buffer::{BufferMut, Element};
 use crate::error::CommError;
-use crate::signature::ReduceOp;
+use crate::signature::{CallSignature, ReduceOp};
 use crate::traffic::Traffic;
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -44,6 +44,23 @@ pub trait ProcessGroup: Send + Sync + Debug {
     /// Collectively split this group: ranks passing the same `color` form one new group, ordered
     /// by their rank in this group. Returns this rank's new group.
     fn split(&self, color: u64) -> Result<Group, CommError>;
+    /// Collectively create a second communicator over the same ranks (same rank order) for
+    /// collectives issued from another thread of each rank while this group keeps working: the
+    /// helper of [`AsyncGroup`](crate::AsyncGroup). The two never share a queue, so their
+    /// collectives cannot interleave wrongly; each keeps its own order across ranks.
+    ///
+    /// Its traffic is *not* charged to this group as it happens: whoever issues work on it
+    /// charges it with [`charge`](ProcessGroup::charge) at a point every rank agrees on (the
+    /// start), so per-iteration counters do not depend on thread timing.
+    ///
+    /// Errors when the backend cannot run two communicators from two threads at once (MPI
+    /// without `MPI_THREAD_MULTIPLE`).
+    fn dedicated(&self) -> Result<Group, CommError>;
+
+    /// Record `sig` in this group's traffic counters (and its ancestors'), for a collective run
+    /// on this group's behalf on a [`dedicated`](ProcessGroup::dedicated) communicator.
+    fn charge(&self, sig: &CallSignature);
+
     /// Host identifier of this rank (ranks with equal ids share a machine).
     fn host_id(&self) -> u64;
     /// Traffic counters of this group on this rank (including subgroups split from it).

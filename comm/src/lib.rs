@@ -33,6 +33,7 @@ pub mod group;
 pub mod mpi;
 #[cfg(feature = "nccl")]
 pub mod nccl;
+pub mod nonblocking;
 pub mod params;
 pub mod signature;
 pub mod thread;
@@ -48,6 +49,7 @@ pub use self::nccl::{NcclConfig, NcclGroup, NcclWorld};
 pub use buffer::{BufferMut, Element, ElementType};
 pub use error::CommError;
 pub use group::{Group, GroupExt, ProcessGroup, validate_subgroup_size};
+pub use nonblocking::{AsyncGroup, Pending};
 pub use signature::{CallSignature, CollectiveKind, ReduceOp};
 pub use thread::{ThreadGroup, ThreadWorld, WorkerPanicked};
 pub use traffic::Traffic;

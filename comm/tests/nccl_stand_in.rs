@@ -62,6 +62,17 @@ fn assert_passed(code: Option<i32>, text: &str, ranks: usize) {
             "{text}"
         );
     }
+    for name in [
+        "async: group collectives while pending",
+        "async all_reduce 256k f32",
+        "async traffic charged at start",
+        "async close",
+    ] {
+        assert!(
+            text.contains(&format!("PASS {name}")),
+            "missing PASS {name}:\n{text}"
+        );
+    }
     let passes = text.lines().filter(|l| l.contains("] PASS ")).count();
     assert!(passes >= 40, "only {passes} checks passed:\n{text}");
 }

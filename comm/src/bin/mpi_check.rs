@@ -22,7 +22,7 @@ use check_report::Checker;
 use half::{bf16, f16};
 use localsgd_comm::mpi::{MpiConfig, MpiWorld};
 use localsgd_comm::throughput::{allreduce_gbps, default_iters};
-use localsgd_comm::{CommError, Group, GroupExt, ReduceOp};
+use localsgd_comm::{AsyncGroup, CommError, Group, GroupExt, ReduceOp};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -94,6 +94,7 @@ fn check(signature_check: bool, expect_hosts: Option<u64>) -> Result<(), String>
     collectives(&mut c, &g);
     subgroups(&mut c, &g, expect_hosts);
     traffic(&mut c, &g);
+    nonblocking(&mut c, &g, signature_check);
     if signature_check {
         mismatches(&mut c, &g);
     }
@@ -407,6 +408,54 @@ fn traffic(c: &mut Checker, g: &Group) {
             && (dw.collectives, dw.bytes, ds.collectives, ds.bytes) == (3, 64, 2, 24),
         || format!("world {dw:?} sub {ds:?}"),
     );
+}
+
+/// `AsyncGroup` over MPI (`MPI_Comm_dup` driven by a helper thread, MPI_THREAD_MULTIPLE): a
+/// pending all-reduce completes while the world group runs blocking collectives, its traffic is
+/// charged at the start, a mismatch is reported on wait, and close checks for leftovers.
+fn nonblocking(c: &mut Checker, g: &Group, signature_check: bool) {
+    let Some(mut side) = c.ok("async group", AsyncGroup::new(g.clone())) else {
+        return;
+    };
+    let (rank, size) = (g.rank(), g.size());
+    let before = g.traffic();
+    let big = c.ok(
+        "async start",
+        side.start_all_reduce(vec![rank as f32; 1 << 20], ReduceOp::Sum),
+    );
+    let charged = g.traffic() - before;
+    let flags: Vec<_> = (0..4).map(|i| g.all_true(i % 2 == 0)).collect();
+    c.check(
+        "async: world collectives while pending",
+        flags == vec![Ok(true), Ok(false), Ok(true), Ok(false)],
+        || format!("{flags:?}"),
+    );
+    let want = (size * (size - 1) / 2) as f32;
+    if let Some(p) = big {
+        let v = p.wait();
+        c.check(
+            "async all_reduce 1M",
+            v.as_ref()
+                .is_ok_and(|v| v.len() == 1 << 20 && v.iter().all(|&x| x == want)),
+            || format!("{:?}", v.map(|v| v[..2].to_vec())),
+        );
+    }
+    c.check(
+        "async traffic charged at start",
+        (charged.collectives, charged.bytes) == (1, 4 << 20),
+        || format!("{charged:?}"),
+    );
+    if signature_check {
+        let p = side.start_all_reduce(vec![0f32; 3 + rank % 2], ReduceOp::Sum);
+        let r = p.map(|p| p.wait());
+        c.check(
+            "async: mismatch on wait",
+            matches!(r, Ok(Err(CommError::Mismatch { .. }))),
+            || format!("{r:?}"),
+        );
+    }
+    let closed = side.close();
+    c.check("async close", closed.is_ok(), || format!("{closed:?}"));
 }
 
 fn mismatches(c: &mut Checker, g: &Group) {

@@ -30,7 +30,7 @@ use localsgd_comm::nccl::{NcclConfig, NcclWorld};
 use localsgd_comm::params::{
     FlatBuffer, ParamSelection, flatten_grads, flatten_params, grads_from_flat, write_params,
 };
-use localsgd_comm::{CommError, Element, Group, GroupExt, ReduceOp, Traffic};
+use localsgd_comm::{AsyncGroup, CommError, Element, Group, GroupExt, ReduceOp, Traffic};
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
@@ -207,6 +207,7 @@ fn run_checks(g: &Group, backend: &str) -> usize {
     broadcasts(&mut c, g);
     gather_and_barrier(&mut c, g);
     subgroups(&mut c, g);
+    nonblocking(&mut c, g);
     mismatch(&mut c, g);
     training(&mut c, g);
     println!(
@@ -365,6 +366,43 @@ fn gather_and_barrier(c: &mut Checker, g: &Group) {
     if r == 0 {
         println!("INFO barrier took {:?}", t.elapsed());
     }
+}
+
+/// `AsyncGroup`: a dedicated communicator (its own stream and copy buffer) driven by a helper
+/// thread, completing an all-reduce while the group runs blocking collectives.
+fn nonblocking(c: &mut Checker, g: &Group) {
+    let Some(mut side) = c.ok("async group", AsyncGroup::new(g.clone())) else {
+        return;
+    };
+    let (r, n) = (g.rank(), g.size());
+    let before = g.traffic();
+    let pending = c.ok(
+        "async start",
+        side.start_all_reduce(vec![r as f32 + 1.0; 1 << 18], ReduceOp::Sum),
+    );
+    let charged = g.traffic() - before;
+    let flags: Vec<_> = (0..3).map(|i| g.all_true(i != 1)).collect();
+    c.check(
+        "async: group collectives while pending",
+        flags == vec![Ok(true), Ok(false), Ok(true)],
+        || format!("{flags:?}"),
+    );
+    let want = (n * (n + 1) / 2) as f32;
+    if let Some(p) = pending {
+        let v = p.wait();
+        c.check(
+            "async all_reduce 256k f32",
+            v.as_ref().is_ok_and(|v| v.iter().all(|&x| x == want)),
+            || format!("{:?}", v.map(|v| v[..2].to_vec())),
+        );
+    }
+    c.check(
+        "async traffic charged at start",
+        (charged.collectives, charged.bytes) == (1, 1 << 20),
+        || format!("{charged:?}"),
+    );
+    let closed = side.close();
+    c.check("async close", closed.is_ok(), || format!("{closed:?}"));
 }
 
 fn sum_in(g: &Group) -> Result<f32, CommError> {

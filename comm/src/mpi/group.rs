@@ -13,6 +13,7 @@ use mpi::ffi;
 use std::ffi::{c_int, c_void};
 use std::fmt;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// One process's handle on a group of MPI ranks (a communicator).
 ///
@@ -35,7 +36,23 @@ pub struct MpiGroup {
     /// order on every rank; threads that interleave differently on different ranks then get a
     /// mismatch error with signature checks on).
     issue: Mutex<()>,
+    /// `Some(interval)` for a [`dedicated`](ProcessGroup::dedicated) communicator: its
+    /// all-reduces run in pieces of at most [`DEDICATED_PIECE_BYTES`], each an `MPI_Iallreduce`
+    /// completed by `MPI_Test` every `interval` with a sleep in between. The sleep keeps the
+    /// helper thread that drives it off the core the compute thread needs (OpenMPI's blocking
+    /// calls spin); the pieces bound how much of it sits in a TCP connection ahead of the other
+    /// communicator's small collectives (OpenMPI sends every communicator between two processes
+    /// over the same connection). `None`: blocking calls.
+    poll: Option<Duration>,
 }
+
+/// Polling interval of a dedicated communicator's all-reduce pieces: short against a piece's
+/// transfer, long enough that the helper thread costs almost no CPU.
+const DEDICATED_POLL: Duration = Duration::from_micros(100);
+
+/// Largest piece of a dedicated communicator's all-reduce: about 2 ms of a 1 Gbit/s link, the
+/// most a world collective issued meanwhile waits behind it.
+const DEDICATED_PIECE_BYTES: usize = 256 * 1024;
 
 impl fmt::Debug for MpiGroup {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -62,12 +79,18 @@ impl MpiGroup {
             config,
             runtime,
             issue: Mutex::new(()),
+            poll: None,
         })
     }
 
     /// A group over a communicator this rank just created from `self` (called inside one of
     /// `self`'s collectives; frees `comm` when it fails).
-    fn child(&self, comm: Comm, world_ranks: Vec<usize>) -> Result<Self, CommError> {
+    fn child(
+        &self,
+        comm: Comm,
+        world_ranks: Vec<usize>,
+        traffic: TrafficChain,
+    ) -> Result<Self, CommError> {
         let setup = || -> Result<usize, CommError> {
             mffi::errors_return(comm)?;
             let size = mffi::comm_size(comm)?;
@@ -87,10 +110,11 @@ impl MpiGroup {
                 owned: true,
                 rank,
                 world_ranks: world_ranks.into(),
-                traffic: self.traffic.child(),
+                traffic,
                 config: self.config.clone(),
                 runtime: self.runtime.clone(),
                 issue: Mutex::new(()),
+                poll: None,
             }),
             Err(e) => {
                 mffi::free_comm(comm);
@@ -140,6 +164,26 @@ impl MpiGroup {
         Ok(out)
     }
 
+    /// `MPI_Test` `request` every `interval` (sleeping in between) until it completes. A peer
+    /// that never joins is ended by the watchdog around the collective, as for blocking calls.
+    fn wait_polling(
+        &self,
+        request: &mut ffi::MPI_Request,
+        interval: Duration,
+        sig: &CallSignature,
+    ) -> Result<(), CommError> {
+        loop {
+            let mut done: c_int = 0;
+            // SAFETY: `request` is an active request from MPI_Iallreduce; status ignored.
+            let rc = unsafe { ffi::MPI_Test(request, &mut done, ffi::RSMPI_STATUS_IGNORE) };
+            self.check(rc, sig, "MPI_Test")?;
+            if done != 0 {
+                return Ok(());
+            }
+            std::thread::sleep(interval);
+        }
+    }
+
     /// One 6-word all-reduce (max of the signature and of its complement, i.e. max and min);
     /// on disagreement, an all-gather of every rank's signature to name each rank's call.
     fn check_signature(&self, sig: &CallSignature) -> Result<(), CommError> {
@@ -186,6 +230,36 @@ impl MpiGroup {
         let sig = CallSignature::all_reduce(op, T::TYPE, buf.len());
         let mpi_op = T::op(&self.runtime.ops, op);
         let in_place = self.runtime.in_place;
+        if let (Some(interval), Some(sentinel)) = (self.poll, in_place) {
+            let piece_len = (DEDICATED_PIECE_BYTES / std::mem::size_of::<T>()).max(1);
+            return self.collective(sig, || {
+                buf.chunks_mut(piece_len).try_for_each(|piece| {
+                    // SAFETY: as for the blocking call below; the request handle is written by
+                    // MPI_Iallreduce and completed by `wait_polling` before `piece` is released.
+                    let mut request: ffi::MPI_Request = unsafe { std::mem::zeroed() };
+                    let rc = unsafe {
+                        ffi::MPI_Iallreduce(
+                            sentinel as *const c_void,
+                            piece.as_mut_ptr() as *mut c_void,
+                            piece.len() as c_int,
+                            T::datatype(),
+                            mpi_op.0,
+                            self.comm.0,
+                            &mut request,
+                        )
+                    };
+                    self.check(rc, &sig, "MPI_Iallreduce")?;
+                    self.wait_polling(&mut request, interval, &sig)
+                })?;
+                if op == ReduceOp::Mean {
+                    let n = self.size();
+                    for x in buf.iter_mut() {
+                        *x = x.div_count(n);
+                    }
+                }
+                Ok(())
+            });
+        }
         self.collective(sig, || {
             for_pieces(buf, |piece| {
                 let count = piece.len() as c_int;
@@ -342,9 +416,41 @@ impl ProcessGroup for MpiGroup {
                 ffi::MPI_Comm_split(self.comm.0, index as c_int, self.rank as c_int, &mut new)
             };
             self.check(rc, &sig, "MPI_Comm_split")?;
-            let group: Group = Arc::new(self.child(Comm(new), members)?);
+            let group: Group = Arc::new(self.child(Comm(new), members, self.traffic.child())?);
             Ok(group)
         })
+    }
+
+    /// `MPI_Comm_dup`: same ranks, its own communication context. Needs
+    /// `MPI_THREAD_MULTIPLE` (requested at start-up): with serialised calls, a helper thread
+    /// blocked in this communicator's collective would hold the lock the world group's next
+    /// collective waits for, and ranks would deadlock.
+    fn dedicated(&self) -> Result<Group, CommError> {
+        if self.runtime.serial.is_some() {
+            return Err(CommError::InvalidConfig(
+                "non-blocking collectives need MPI_THREAD_MULTIPLE, and this MPI library \
+                 provides less (its calls are serialised); use an MPI built with thread \
+                 support, or turn overlapping off"
+                    .into(),
+            ));
+        }
+        let sig = CallSignature::split();
+        self.collective(sig, || {
+            // SAFETY: a null handle is overwritten by MPI_Comm_dup on success.
+            let mut new: ffi::MPI_Comm = unsafe { std::mem::zeroed() };
+            // SAFETY: valid communicator.
+            let rc = unsafe { ffi::MPI_Comm_dup(self.comm.0, &mut new) };
+            self.check(rc, &sig, "MPI_Comm_dup")?;
+            let members = self.world_ranks.to_vec();
+            let mut group = self.child(Comm(new), members, TrafficChain::root())?;
+            group.poll = Some(DEDICATED_POLL);
+            let group: Group = Arc::new(group);
+            Ok(group)
+        })
+    }
+
+    fn charge(&self, sig: &CallSignature) {
+        self.traffic.record(sig);
     }
 
     fn host_id(&self) -> u64 {
@@ -383,7 +489,7 @@ impl ProcessGroup for MpiGroup {
                     return Err(e);
                 }
             };
-            let group: Group = Arc::new(self.child(comm, members)?);
+            let group: Group = Arc::new(self.child(comm, members, self.traffic.child())?);
             Ok(group)
         })
     }

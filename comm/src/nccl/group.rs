@@ -849,6 +849,31 @@ impl ProcessGroup for NcclGroup {
     /// An all-gather of the colors, then `ncclCommSplit` (or, before NCCL 2.18, fresh unique
     /// ids distributed through this group and `ncclCommInitRank`).
     fn split(&self, color: u64) -> Result<Group, CommError> {
+        self.split_into(color, self.traffic.child())
+    }
+
+    /// A split with one color: a second communicator over the same ranks, with its own stream
+    /// and copy buffer, so a helper thread can drive it while this group keeps working.
+    fn dedicated(&self) -> Result<Group, CommError> {
+        self.split_into(0, TrafficChain::root())
+    }
+
+    fn charge(&self, sig: &CallSignature) {
+        self.traffic.record(sig);
+    }
+
+    fn host_id(&self) -> u64 {
+        self.runtime.host_id
+    }
+
+    fn traffic(&self) -> Traffic {
+        self.traffic.snapshot()
+    }
+}
+
+impl NcclGroup {
+    /// `split`, with the new group charging `traffic`.
+    fn split_into(&self, color: u64, traffic: TrafficChain) -> Result<Group, CommError> {
         let sig = CallSignature::split();
         self.collective(sig, |st| {
             let colors = self.gather_words(st, &[color], &sig)?;
@@ -862,19 +887,11 @@ impl ProcessGroup for NcclGroup {
                 comm,
                 new_rank,
                 members,
-                self.traffic.child(),
+                traffic,
                 self.config.clone(),
             )?;
             let group: Group = Arc::new(group);
             Ok(group)
         })
-    }
-
-    fn host_id(&self) -> u64 {
-        self.runtime.host_id
-    }
-
-    fn traffic(&self) -> Traffic {
-        self.traffic.snapshot()
     }
 }

@@ -125,6 +125,57 @@ impl ThreadGroup {
             }
         })
     }
+
+    /// `split`, with the new group charging `traffic`.
+    fn split_into(&self, color: u64, traffic: TrafficChain) -> Result<Group, CommError> {
+        let colors = {
+            let sig = CallSignature::split();
+            let local = [color];
+            self.collective(sig, local.as_ptr() as usize, |addrs| {
+                addrs
+                    .iter()
+                    // SAFETY: each peer's one-element `local` outlives the collective.
+                    .map(|&a| unsafe { *(a as *const u64) })
+                    .collect::<Vec<u64>>()
+            })?
+        };
+        let seq = self.splits.fetch_add(1, Ordering::Relaxed);
+        let members: Vec<usize> = (0..colors.len()).filter(|&r| colors[r] == color).collect();
+        let new_rank = members
+            .iter()
+            .position(|&r| r == self.rank)
+            .ok_or_else(|| CommError::InvalidConfig("rank missing from its own split".into()))?;
+        let shared = {
+            let mut registry = self
+                .shared
+                .registry
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let entry = registry.entry((seq, color)).or_insert_with(|| {
+                let world: Vec<usize> = members
+                    .iter()
+                    .map(|&r| self.shared.world_ranks[r])
+                    .collect();
+                (
+                    Arc::new(Rendezvous::new(world, self.shared.timeout)),
+                    members.len(),
+                )
+            });
+            let shared = entry.0.clone();
+            entry.1 -= 1;
+            if entry.1 == 0 {
+                registry.remove(&(seq, color));
+            }
+            shared
+        };
+        let hosts: Vec<u64> = members.iter().map(|&r| self.hosts[r]).collect();
+        Ok(Arc::new(ThreadGroup::new(
+            new_rank,
+            shared,
+            Arc::new(hosts),
+            traffic,
+        )))
+    }
 }
 
 impl Drop for ThreadGroup {
@@ -181,53 +232,15 @@ impl ProcessGroup for ThreadGroup {
     }
 
     fn split(&self, color: u64) -> Result<Group, CommError> {
-        let colors = {
-            let sig = CallSignature::split();
-            let local = [color];
-            self.collective(sig, local.as_ptr() as usize, |addrs| {
-                addrs
-                    .iter()
-                    // SAFETY: each peer's one-element `local` outlives the collective.
-                    .map(|&a| unsafe { *(a as *const u64) })
-                    .collect::<Vec<u64>>()
-            })?
-        };
-        let seq = self.splits.fetch_add(1, Ordering::Relaxed);
-        let members: Vec<usize> = (0..colors.len()).filter(|&r| colors[r] == color).collect();
-        let new_rank = members
-            .iter()
-            .position(|&r| r == self.rank)
-            .ok_or_else(|| CommError::InvalidConfig("rank missing from its own split".into()))?;
-        let shared = {
-            let mut registry = self
-                .shared
-                .registry
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            let entry = registry.entry((seq, color)).or_insert_with(|| {
-                let world: Vec<usize> = members
-                    .iter()
-                    .map(|&r| self.shared.world_ranks[r])
-                    .collect();
-                (
-                    Arc::new(Rendezvous::new(world, self.shared.timeout)),
-                    members.len(),
-                )
-            });
-            let shared = entry.0.clone();
-            entry.1 -= 1;
-            if entry.1 == 0 {
-                registry.remove(&(seq, color));
-            }
-            shared
-        };
-        let hosts: Vec<u64> = members.iter().map(|&r| self.hosts[r]).collect();
-        Ok(Arc::new(ThreadGroup::new(
-            new_rank,
-            shared,
-            Arc::new(hosts),
-            self.traffic.child(),
-        )))
+        self.split_into(color, self.traffic.child())
+    }
+
+    fn dedicated(&self) -> Result<Group, CommError> {
+        self.split_into(0, TrafficChain::root())
+    }
+
+    fn charge(&self, sig: &CallSignature) {
+        self.traffic.record(sig);
     }
 
     fn host_id(&self) -> u64 {
