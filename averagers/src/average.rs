@@ -65,7 +65,7 @@ pub fn average_if_member<M: Module>(
 const WORDS: usize = 4;
 
 /// All-gather `[fingerprint, tensor count, element count, element type]` and compare.
-fn check_agreement(group: &Group, flat: &FlatParams) -> Result<(), AveragerError> {
+pub(crate) fn check_agreement(group: &Group, flat: &FlatParams) -> Result<(), AveragerError> {
     let (code, _) = element_type(&flat.buffer);
     let local = [
         flat.layout.fingerprint(),

@@ -3,6 +3,7 @@
 
 use crate::average::average_in_group;
 use crate::error::AveragerError;
+use crate::overlap::Overlap;
 use crate::state::AveragerState;
 use burn::module::Module;
 use localsgd_comm::Group;
@@ -34,6 +35,18 @@ pub trait ModelAverager: Send + std::fmt::Debug {
     /// configurations) if it was saved from a differently configured averager, leaving this one
     /// unchanged.
     fn load_state(&mut self, state: &AveragerState) -> Result<(), AveragerError>;
+
+    /// The overlap state, for an averager built with overlapped averaging (see
+    /// [`overlap`](crate::overlap)); `None` (the default) averages blocking.
+    fn overlap(&self) -> Option<&Overlap> {
+        None
+    }
+
+    /// Mutable access to the overlap state (checkpoints settle and restore pending averages
+    /// through it).
+    fn overlap_mut(&mut self) -> Option<&mut Overlap> {
+        None
+    }
 }
 
 /// Averaging a burn module on the averager's schedule. Implemented for every [`ModelAverager`].
@@ -52,12 +65,34 @@ pub trait AverageParameters: ModelAverager {
         module: M,
         selection: &ParamSelection,
     ) -> Result<M, AveragerError> {
-        let module = match self.scheduled_group() {
-            Some(group) => average_in_group(module, selection, &group)?,
-            None => module,
+        let step = self.step();
+        let group = self.scheduled_group();
+        let module = match self.overlap_mut() {
+            // Overlapped: first apply the average due now, then start this step's.
+            Some(overlap) => {
+                let module = overlap.complete_due(module, step)?;
+                if let Some(group) = group {
+                    overlap.start(&module, selection, &group, step)?;
+                }
+                module
+            }
+            None => match group {
+                Some(group) => average_in_group(module, selection, &group)?,
+                None => module,
+            },
         };
         self.advance();
         Ok(module)
+    }
+
+    /// Apply an overlapped average still in flight now, before its completion step (call once
+    /// at the end of training, on every rank, so the final model includes it). A no-op for
+    /// blocking averagers and when nothing is pending.
+    fn complete_pending<M: Module>(&mut self, module: M) -> Result<M, AveragerError> {
+        match self.overlap_mut() {
+            Some(overlap) => overlap.complete_now(module),
+            None => Ok(module),
+        }
     }
 }
 
@@ -78,6 +113,12 @@ impl<A: ModelAverager + ?Sized> ModelAverager for Box<A> {
     }
     fn load_state(&mut self, state: &AveragerState) -> Result<(), AveragerError> {
         (**self).load_state(state)
+    }
+    fn overlap(&self) -> Option<&Overlap> {
+        (**self).overlap()
+    }
+    fn overlap_mut(&mut self) -> Option<&mut Overlap> {
+        (**self).overlap_mut()
     }
 }
 

@@ -137,6 +137,10 @@ pub enum AveragerError {
         /// This averager's configuration.
         current: String,
     },
+    /// An overlap delay outside `1..=period`, or an overlapped average that cannot be started,
+    /// applied or restored as its schedule says (the message names the steps).
+    #[error("overlapped averaging: {0}")]
+    Overlap(String),
     /// A collective failed (peer failure, timeout, mismatch) or parameters could not be
     /// flattened / written back.
     #[error(transparent)]

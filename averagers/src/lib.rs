@@ -63,6 +63,7 @@ pub mod averager;
 pub mod error;
 pub mod group;
 pub mod hierarchical;
+pub mod overlap;
 pub mod periodic;
 pub mod state;
 
@@ -71,6 +72,7 @@ pub use averager::{AverageParameters, ModelAverager};
 pub use error::{AveragerError, RankParams};
 pub use group::new_group;
 pub use hierarchical::HierarchicalModelAverager;
+pub use overlap::{Overlap, PendingAverage};
 pub use periodic::PeriodicModelAverager;
 pub use state::{AveragerConfig, AveragerState, Level};
 

@@ -2,6 +2,7 @@
 
 use crate::averager::{ModelAverager, check_state_config};
 use crate::error::AveragerError;
+use crate::overlap::Overlap;
 use crate::state::{AveragerConfig, AveragerState};
 use localsgd_comm::Group;
 
@@ -36,6 +37,7 @@ pub struct PeriodicModelAverager {
     warmup_steps: u64,
     group: Group,
     step: u64,
+    overlap: Option<Overlap>,
 }
 
 impl PeriodicModelAverager {
@@ -64,7 +66,25 @@ impl PeriodicModelAverager {
             warmup_steps,
             group,
             step: 0,
+            overlap: None,
         })
+    }
+
+    /// Overlap every average with the next `delay` iterations (see
+    /// [`overlap`](crate::overlap)): start it at the averaging step, apply
+    /// `x <- avg(x_t) + (x_{t+delay} - x_t)` `delay` steps later. `delay == 0` keeps blocking
+    /// averaging; otherwise `1 <= delay <= period` ([`AveragerError::Overlap`] names the
+    /// bounds). Not collective (the helper communicator is created at the first average).
+    pub fn with_overlap(mut self, delay: u64) -> Result<Self, AveragerError> {
+        if delay > self.period {
+            return Err(AveragerError::Overlap(format!(
+                "delay {delay} exceeds the averaging period {}: each average must be applied \
+                 before the next starts (valid: 0 = blocking, or 1..={})",
+                self.period, self.period
+            )));
+        }
+        self.overlap = (delay > 0).then(|| Overlap::new(delay));
+        Ok(self)
     }
 
     /// The averaging period.
@@ -86,6 +106,7 @@ impl PeriodicModelAverager {
         AveragerConfig::Periodic {
             period: self.period,
             warmup_steps: self.warmup_steps,
+            overlap: self.overlap.as_ref().map_or(0, Overlap::delay),
         }
     }
 }
@@ -116,5 +137,13 @@ impl ModelAverager for PeriodicModelAverager {
         check_state_config(&self.config(), state)?;
         self.step = state.step;
         Ok(())
+    }
+
+    fn overlap(&self) -> Option<&Overlap> {
+        self.overlap.as_ref()
+    }
+
+    fn overlap_mut(&mut self) -> Option<&mut Overlap> {
+        self.overlap.as_mut()
     }
 }

@@ -25,6 +25,9 @@ pub enum AveragerConfig {
         period: u64,
         /// Steps before the first averaging.
         warmup_steps: u64,
+        /// Overlap delay (0: blocking averaging; see [`overlap`](crate::overlap)).
+        #[serde(default)]
+        overlap: u64,
     },
     /// A [`HierarchicalModelAverager`](crate::HierarchicalModelAverager).
     Hierarchical {
@@ -41,7 +44,16 @@ impl fmt::Display for AveragerConfig {
             AveragerConfig::Periodic {
                 period,
                 warmup_steps,
+                overlap: 0,
             } => write!(f, "periodic(period {period}, warmup_steps {warmup_steps})"),
+            AveragerConfig::Periodic {
+                period,
+                warmup_steps,
+                overlap,
+            } => write!(
+                f,
+                "periodic(period {period}, warmup_steps {warmup_steps}, overlap {overlap})"
+            ),
             AveragerConfig::Hierarchical {
                 levels,
                 warmup_steps,
@@ -69,7 +81,7 @@ impl fmt::Display for AveragerConfig {
 ///
 /// let state = AveragerState {
 ///     step: 20,
-///     config: AveragerConfig::Periodic { period: 4, warmup_steps: 0 },
+///     config: AveragerConfig::Periodic { period: 4, warmup_steps: 0, overlap: 0 },
 /// };
 /// let json = serde_json::to_string(&state)?;
 /// assert_eq!(serde_json::from_str::<AveragerState>(&json)?, state);

@@ -35,7 +35,8 @@ fn v17_state_after_20_steps_carries_step_20_and_restores_it() {
             state.config,
             AveragerConfig::Periodic {
                 period: 4,
-                warmup_steps: 3
+                warmup_steps: 3,
+                overlap: 0,
             }
         );
         assert!(json.contains("\"step\":20"), "{json}");

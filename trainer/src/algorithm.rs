@@ -18,6 +18,8 @@ pub struct AlgorithmSpec {
     pub warmup: i64,
     /// Averaging period (`None`: not provided; an error for post-local SGD and local SGD).
     pub period: Option<u64>,
+    /// Overlap delay of periodic averaging (0: blocking).
+    pub overlap: u64,
     /// Hierarchical levels (period, group size).
     pub levels: Vec<(u64, usize)>,
     /// Post-warmup gradient all-reduce subgroup size; `None`: the intra-node group.
@@ -38,6 +40,7 @@ impl AlgorithmSpec {
             kind: cfg.algorithm,
             warmup: cfg.warmup,
             period: Some(cfg.period),
+            overlap: cfg.overlap,
             levels: cfg
                 .parsed_levels()
                 .map_err(|e| PipelineError::Config(e.to_string()))?,
@@ -53,8 +56,13 @@ impl AlgorithmSpec {
 
     /// A one-line description, stored in checkpoints to refuse resuming with other settings.
     pub fn identity(&self) -> String {
+        // Overlap appears only when on, so checkpoints of blocking runs keep their identity.
+        let overlap = match self.overlap {
+            0 => String::new(),
+            d => format!(" overlap={d}"),
+        };
         format!(
-            "algorithm={:?} warmup={} period={:?} levels={:?} subgroup_size={:?} post_local_allreduce={} compression={:?}",
+            "algorithm={:?} warmup={} period={:?} levels={:?} subgroup_size={:?} post_local_allreduce={} compression={:?}{overlap}",
             self.kind,
             self.warmup,
             self.period,
@@ -121,11 +129,10 @@ pub fn build(spec: &AlgorithmSpec, world: &Group) -> Result<AlgorithmParts, Pipe
         })
     };
     let periodic = |period: u64| -> Result<Box<dyn ModelAverager>, PipelineError> {
-        Ok(Box::new(PeriodicModelAverager::new(
-            period,
-            spec.warmup,
-            world.clone(),
-        )?))
+        Ok(Box::new(
+            PeriodicModelAverager::new(period, spec.warmup, world.clone())?
+                .with_overlap(spec.overlap)?,
+        ))
     };
     Ok(match spec.kind {
         AlgorithmKind::Ddp => AlgorithmParts {

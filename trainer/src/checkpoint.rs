@@ -12,15 +12,16 @@
 //!
 //! Each rank file holds: parameters in traversal order with their `ParamId`s (restored on
 //! resume, so the optimizer's per-parameter state re-attaches), the optimizer record, the
-//! averager state (its step), the hook state (post-local SGD `iter`), iterations done, skipped
-//! steps and the data position (epoch, next batch). Shuffling is a pure function of (seed,
+//! averager state (its step) and, with overlapped averaging, an average started and not yet
+//! applied (its snapshot and result), the hook state (post-local SGD `iter`), iterations done,
+//! skipped steps and the data position (epoch, next batch). Shuffling is a pure function of (seed,
 //! epoch), so that position is the whole RNG state.
 
 use crate::pipeline::DataPosition;
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::ModuleOptimizer;
 use burn::tensor::{Bytes, Tensor};
-use localsgd_averagers::AveragerState;
+use localsgd_averagers::{AveragerState, PendingAverage};
 use localsgd_comm::params::{
     FlatBuffer, FlatLayout, FlatParams, ParamSelection, flatten_params, write_params,
 };
@@ -31,7 +32,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 const MAGIC: &[u8; 8] = b"LSGDCKPT";
-const FORMAT: u32 = 1;
+/// Format 2 added the pending overlapped average (a fourth part); format 1 files still load.
+const FORMAT: u32 = 2;
 
 /// Checkpoint failures, naming the file involved.
 #[derive(Debug, thiserror::Error)]
@@ -106,6 +108,25 @@ pub struct RankMeta {
     pub param_shapes: Vec<Vec<usize>>,
     /// `"f32"` or `"f64"`.
     pub param_dtype: String,
+    /// An overlapped average started and not yet applied (its vectors are the file's fourth
+    /// part).
+    #[serde(default)]
+    pub pending: Option<PendingMeta>,
+}
+
+/// The metadata of a pending overlapped average in a checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingMeta {
+    /// The averaging step that started it.
+    pub started_at: u64,
+    /// World ranks of its group.
+    pub group: Vec<usize>,
+    /// Traversal indices of the averaged parameters.
+    pub indices: Vec<usize>,
+    /// Elements of each of the two vectors (snapshot, average).
+    pub len: usize,
+    /// `"f32"` or `"f64"`.
+    pub dtype: String,
 }
 
 /// One rank's checkpoint, in memory.
@@ -114,6 +135,8 @@ pub struct RankCheckpoint {
     pub meta: RankMeta,
     /// Parameter values in traversal order.
     pub params: FlatBuffer,
+    /// The pending overlapped average's snapshot and average (with `meta.pending`).
+    pub pending: Option<(FlatBuffer, FlatBuffer)>,
     /// The optimizer record, serialized by burn.
     pub optimizer: Vec<u8>,
 }
@@ -153,6 +176,7 @@ impl RankCheckpoint {
         skipped_steps: u64,
         data: Option<DataPosition>,
         averager: Option<AveragerState>,
+        pending: Option<PendingAverage>,
         hook: Option<HookState>,
         model: &M,
         optimizer: &ModuleOptimizer,
@@ -187,9 +211,31 @@ impl RankCheckpoint {
                     .map(|e| e.shape.clone())
                     .collect(),
                 param_dtype: param_dtype.to_string(),
+                pending: pending.as_ref().map(|p| PendingMeta {
+                    started_at: p.started_at,
+                    group: p.group.clone(),
+                    indices: p.indices.clone(),
+                    len: p.snapshot.len(),
+                    dtype: dtype_name(&p.snapshot).to_string(),
+                }),
             },
             params: flat.buffer,
+            pending: pending.map(|p| (p.snapshot, p.average)),
             optimizer,
+        })
+    }
+
+    /// The pending overlapped average saved in this checkpoint, to hand to
+    /// [`Pipeline::restore`](crate::pipeline::Pipeline::restore).
+    pub fn pending_average(&self) -> Option<PendingAverage> {
+        let meta = self.meta.pending.as_ref()?;
+        let (snapshot, average) = self.pending.clone()?;
+        Some(PendingAverage {
+            started_at: meta.started_at,
+            group: meta.group.clone(),
+            indices: meta.indices.clone(),
+            snapshot,
+            average,
         })
     }
 
@@ -226,14 +272,18 @@ impl RankCheckpoint {
     fn encode(&self) -> Result<Vec<u8>, CheckpointError> {
         let meta =
             serde_json::to_vec(&self.meta).map_err(|e| CheckpointError::Data(e.to_string()))?;
-        let params: Vec<u8> = match &self.params {
-            FlatBuffer::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            FlatBuffer::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        };
-        let mut out = Vec::with_capacity(32 + meta.len() + params.len() + self.optimizer.len());
+        let params = le_bytes(&self.params);
+        let mut pending = Vec::new();
+        if let Some((snapshot, average)) = &self.pending {
+            pending.extend(le_bytes(snapshot));
+            pending.extend(le_bytes(average));
+        }
+        let mut out = Vec::with_capacity(
+            40 + meta.len() + params.len() + self.optimizer.len() + pending.len(),
+        );
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&FORMAT.to_le_bytes());
-        for part in [&meta, &params, &self.optimizer] {
+        for part in [&meta, &params, &self.optimizer, &pending] {
             out.extend_from_slice(&(part.len() as u64).to_le_bytes());
             out.extend_from_slice(part);
         }
@@ -249,12 +299,17 @@ impl RankCheckpoint {
             return Err(corrupt("missing header"));
         }
         let format = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
-        if format != FORMAT {
-            return Err(corrupt(&format!("format {format}, expected {FORMAT}")));
+        if format != FORMAT && format != 1 {
+            return Err(corrupt(&format!("format {format}, expected 1 or {FORMAT}")));
         }
+        let names: &[&str] = if format == 1 {
+            &["metadata", "parameters", "optimizer"]
+        } else {
+            &["metadata", "parameters", "optimizer", "pending average"]
+        };
         let mut rest = &bytes[12..];
-        let mut parts = Vec::with_capacity(3);
-        for name in ["metadata", "parameters", "optimizer"] {
+        let mut parts = Vec::with_capacity(names.len());
+        for &name in names {
             if rest.len() < 8 {
                 return Err(corrupt(&format!("truncated before {name}")));
             }
@@ -270,28 +325,29 @@ impl RankCheckpoint {
         }
         let meta: RankMeta =
             serde_json::from_slice(parts[0]).map_err(|e| corrupt(&e.to_string()))?;
-        let params = match meta.param_dtype.as_str() {
-            "f32" => FlatBuffer::F32(
-                parts[1]
-                    .chunks_exact(4)
-                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                    .collect(),
-            ),
-            "f64" => FlatBuffer::F64(
-                parts[1]
-                    .chunks_exact(8)
-                    .map(|c| {
-                        let mut b = [0u8; 8];
-                        b.copy_from_slice(c);
-                        f64::from_le_bytes(b)
-                    })
-                    .collect(),
-            ),
-            other => return Err(corrupt(&format!("unknown parameter dtype {other}"))),
+        let params = from_le_bytes(&meta.param_dtype, parts[1])
+            .ok_or_else(|| corrupt(&format!("unknown parameter dtype {}", meta.param_dtype)))?;
+        let pending = match (&meta.pending, parts.get(3)) {
+            (None, None) => None,
+            (None, Some(&[])) => None,
+            (Some(p), Some(bytes)) => {
+                let both = from_le_bytes(&p.dtype, bytes)
+                    .ok_or_else(|| corrupt(&format!("unknown pending dtype {}", p.dtype)))?;
+                if both.len() != 2 * p.len {
+                    return Err(corrupt(&format!(
+                        "the pending average has {} elements, expected 2 x {}",
+                        both.len(),
+                        p.len
+                    )));
+                }
+                Some(split_halves(both))
+            }
+            _ => return Err(corrupt("pending average metadata and data do not match")),
         };
         Ok(Self {
             meta,
             params,
+            pending,
             optimizer: parts[2].to_vec(),
         })
     }
@@ -461,4 +517,54 @@ fn check_identity(
         )));
     }
     Ok(())
+}
+
+fn dtype_name(buffer: &FlatBuffer) -> &'static str {
+    match buffer {
+        FlatBuffer::F32(_) => "f32",
+        FlatBuffer::F64(_) => "f64",
+    }
+}
+
+fn le_bytes(buffer: &FlatBuffer) -> Vec<u8> {
+    match buffer {
+        FlatBuffer::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        FlatBuffer::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+    }
+}
+
+fn from_le_bytes(dtype: &str, bytes: &[u8]) -> Option<FlatBuffer> {
+    match dtype {
+        "f32" => Some(FlatBuffer::F32(
+            bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+        )),
+        "f64" => Some(FlatBuffer::F64(
+            bytes
+                .chunks_exact(8)
+                .map(|c| {
+                    let mut b = [0u8; 8];
+                    b.copy_from_slice(c);
+                    f64::from_le_bytes(b)
+                })
+                .collect(),
+        )),
+        _ => None,
+    }
+}
+
+/// The first and second half of a buffer.
+fn split_halves(buffer: FlatBuffer) -> (FlatBuffer, FlatBuffer) {
+    match buffer {
+        FlatBuffer::F32(mut v) => {
+            let second = v.split_off(v.len() / 2);
+            (FlatBuffer::F32(v), FlatBuffer::F32(second))
+        }
+        FlatBuffer::F64(mut v) => {
+            let second = v.split_off(v.len() / 2);
+            (FlatBuffer::F64(v), FlatBuffer::F64(second))
+        }
+    }
 }

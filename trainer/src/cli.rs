@@ -52,6 +52,9 @@ pub struct ConfigFlags {
     /// Model averaging period.
     #[arg(long)]
     pub period: Option<u64>,
+    /// Overlapped averaging: apply each average this many iterations after it starts (0: blocking).
+    #[arg(long)]
+    pub overlap: Option<u64>,
     /// Hierarchical levels, e.g. "2:2,4:4" (period:group-size).
     #[arg(long)]
     pub levels: Option<String>,
@@ -186,6 +189,7 @@ impl ConfigFlags {
             algorithm,
             warmup,
             period,
+            overlap,
             levels,
             post_local_allreduce,
             bucket_cap_mb,

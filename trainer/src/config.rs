@@ -54,6 +54,18 @@ pub enum AlgorithmKind {
     Hierarchical,
 }
 
+impl AlgorithmKind {
+    /// The value as written in a config file or a flag (`ddp`, `local-sgd`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            AlgorithmKind::Ddp => "ddp",
+            AlgorithmKind::LocalSgd => "local-sgd",
+            AlgorithmKind::PostLocalSgd => "post-local-sgd",
+            AlgorithmKind::Hierarchical => "hierarchical",
+        }
+    }
+}
+
 /// Gradient compression applied around the hook.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
@@ -117,6 +129,11 @@ pub struct TrainConfig {
     pub warmup: i64,
     /// Model averaging period (local-sgd, post-local-sgd). `0` is invalid.
     pub period: u64,
+    /// Overlapped averaging (local-sgd, post-local-sgd): start each average after its step's
+    /// optimizer step and apply it `overlap` iterations later as `avg(x_t) + (x_now - x_t)`,
+    /// communicating while those iterations compute. `0` (default): blocking averaging, as
+    /// PyTorch. At most `period`.
+    pub overlap: u64,
     /// Hierarchical levels as `period:group-size` pairs, e.g. `"2:2,4:4"`. Periods strictly
     /// increase; the last group size must be the number of workers.
     pub levels: String,
@@ -195,6 +212,7 @@ impl Default for TrainConfig {
             algorithm: AlgorithmKind::PostLocalSgd,
             warmup: 50,
             period: 4,
+            overlap: 0,
             levels: String::new(),
             subgroup_size: None,
             post_local_allreduce: false,
@@ -328,6 +346,32 @@ impl TrainConfig {
         );
         if averages && self.period == 0 {
             return Err(bad("period", 0, "period must be positive (1 or more)"));
+        }
+        if self.overlap > 0 && !averages {
+            return Err(bad(
+                "overlap",
+                self.overlap,
+                format!(
+                    "`0`: overlapped averaging works with the periodic averaging of `local-sgd` \
+                     and `post-local-sgd`; algorithm `{}` {}",
+                    self.algorithm.name(),
+                    if self.algorithm == AlgorithmKind::Ddp {
+                        "does not average models"
+                    } else {
+                        "does not support it yet"
+                    }
+                ),
+            ));
+        }
+        if averages && self.overlap > self.period {
+            return Err(bad(
+                "overlap",
+                self.overlap,
+                format!(
+                    "0 (blocking) to the period {}: each average must be applied before the next starts",
+                    self.period
+                ),
+            ));
         }
         if self.algorithm == AlgorithmKind::Hierarchical {
             let levels = self.parsed_levels()?;

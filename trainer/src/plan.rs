@@ -52,7 +52,7 @@
 //!     compressed: false,
 //! };
 //! let ddp = predict(&Algorithm::Ddp, &work, &cluster).unwrap();
-//! let pl = predict(&Algorithm::Periodic { period: 4, gradient_warmup: true }, &work, &cluster).unwrap();
+//! let pl = predict(&Algorithm::Periodic { period: 4, gradient_warmup: true, overlap: 0 }, &work, &cluster).unwrap();
 //! assert!(ddp.steady_s > 4.0 * pl.comm_s.max(1e-9));
 //! assert_eq!(ddp.payload_data_bytes, 2_400_000.0);
 //! ```
@@ -221,6 +221,10 @@ pub enum Algorithm {
         period: u64,
         /// Whether the warmup iterations all-reduce gradients (post-local SGD).
         gradient_warmup: bool,
+        /// Overlapped averaging delay (`overlap`; 0: blocking): each average's all-reduce runs
+        /// behind the next `overlap` iterations' compute, and the first one also creates the
+        /// helper's communicator (one 8-byte control collective).
+        overlap: u64,
     },
     /// Hierarchical averaging (post-local SGD hook during warmup).
     Hierarchical {
@@ -277,6 +281,8 @@ pub struct Collective {
     pub bytes: u64,
     /// Float data (gradients, parameters, losses) rather than control words.
     pub data: bool,
+    /// Run behind the next iterations' compute (an overlapped average), not in sequence.
+    pub overlapped: bool,
 }
 
 /// Which collectives every iteration issues.
@@ -298,9 +304,18 @@ impl Schedule {
         }
         match algorithm {
             Algorithm::Ddp => {}
-            Algorithm::Periodic { period, .. } => {
+            Algorithm::Periodic {
+                period, overlap, ..
+            } => {
                 if *period == 0 {
                     return Err(invalid("period", 0, "a period of at least 1"));
+                }
+                if *overlap > *period {
+                    return Err(invalid(
+                        "overlap",
+                        overlap,
+                        &format!("0 (blocking) to the period {period}"),
+                    ));
                 }
             }
             Algorithm::Hierarchical { levels } => {
@@ -358,15 +373,17 @@ impl Schedule {
             group: w,
             bytes: 8,
             data: false,
+            overlapped: false,
         }];
         let gradients = |out: &mut Vec<Collective>| {
             out.push(Collective {
                 group: w,
                 bytes: grad_bytes,
                 data: true,
+                overlapped: false,
             })
         };
-        let average = |out: &mut Vec<Collective>, group: usize| {
+        let average = |out: &mut Vec<Collective>, group: usize, overlapped: bool| {
             // Averaging over one rank is the identity and communicates nothing.
             if group <= 1 {
                 return;
@@ -375,11 +392,13 @@ impl Schedule {
                 group,
                 bytes: 32,
                 data: false,
+                overlapped: false,
             });
             out.push(Collective {
                 group,
                 bytes: self.params.saturating_mul(4),
                 data: true,
+                overlapped,
             });
         };
         match &self.algorithm {
@@ -387,13 +406,23 @@ impl Schedule {
             Algorithm::Periodic {
                 period,
                 gradient_warmup,
+                overlap,
             } => {
                 if i < self.warmup {
                     if *gradient_warmup {
                         gradients(&mut out);
                     }
                 } else if (i - self.warmup).is_multiple_of(*period) {
-                    average(&mut out, w);
+                    if *overlap > 0 && i == self.warmup && w > 1 {
+                        // The first overlapped average creates the helper's communicator.
+                        out.push(Collective {
+                            group: w,
+                            bytes: 8,
+                            data: false,
+                            overlapped: false,
+                        });
+                    }
+                    average(&mut out, w, *overlap > 0);
                 }
             }
             Algorithm::Hierarchical { levels } => {
@@ -402,7 +431,7 @@ impl Schedule {
                 } else if let Some(&(_, g)) =
                     levels.iter().rev().find(|(p, _)| i.is_multiple_of(*p))
                 {
-                    average(&mut out, g);
+                    average(&mut out, g, false);
                 }
             }
         }
@@ -411,6 +440,7 @@ impl Schedule {
                 group: w,
                 bytes: 8,
                 data: true,
+                overlapped: false,
             });
         }
         out
@@ -512,6 +542,10 @@ pub fn predict(
         ));
     }
     let schedule = Schedule::new(algorithm, layout.world(), work)?;
+    let overlap = match algorithm {
+        Algorithm::Periodic { overlap, .. } => *overlap,
+        _ => 0,
+    };
     if !(work.overhead_s.is_finite() && work.overhead_s >= 0.0) {
         return Err(invalid(
             "overhead-ms",
@@ -540,7 +574,14 @@ pub fn predict(
             if c.data && c.bytes > 8 {
                 let credit = burst.min(idle * refill);
                 let (t, b) = cluster.allreduce(c.group, c.bytes as f64, credit);
-                comm += t + c.bytes as f64 / work.copy_bytes_per_second;
+                let t = t + c.bytes as f64 / work.copy_bytes_per_second;
+                // An overlapped average waits only for what the next `overlap` iterations'
+                // compute does not cover (the helper's own CPU use is not modelled).
+                comm += if c.overlapped {
+                    (t - overlap as f64 * (work.compute_s + work.overhead_s)).max(0.0)
+                } else {
+                    t
+                };
                 link_bytes += b;
                 if b > 0.0 {
                     idle = 0.0;
@@ -568,9 +609,11 @@ pub fn predict(
         ));
     }
     let mut sum = (0.0, 0.0, 0.0, 0.0);
-    // Two passes over the cycle; the second (steady) one counts.
+    // Two passes over consecutive cycles; the second (steady) one counts (it also leaves out
+    // one-time collectives at the first averaging step).
     for pass in 0..2 {
-        for i in work.warmup..work.warmup + cycle {
+        let start = work.warmup + pass * cycle;
+        for i in start..start + cycle {
             let (c, l, a, d) = iteration(i);
             if pass == 1 {
                 sum = (sum.0 + c, sum.1 + l, sum.2 + a, sum.3 + d);
@@ -625,6 +668,7 @@ pub fn recommend_period(
             &Algorithm::Periodic {
                 period,
                 gradient_warmup: true,
+                overlap: 0,
             },
             work,
             cluster,
@@ -703,6 +747,7 @@ mod tests {
         let a = Algorithm::Periodic {
             period: 4,
             gradient_warmup: true,
+            overlap: 0,
         };
         let w = Workload {
             warmup: 3,
@@ -723,12 +768,57 @@ mod tests {
             &Algorithm::Periodic {
                 period: 4,
                 gradient_warmup: false,
+                overlap: 0,
             },
             2,
             &w,
         )
         .unwrap();
         assert_eq!(l.payload(0), (8, 0));
+    }
+
+    #[test]
+    fn overlap_hides_the_average_behind_the_next_iterations() {
+        // 600k parameters on 2 hosts x 1 rank at 1 Gbit/s: the average (2.4 MB) takes
+        // 50 us + 2.4 MB / goodput ~ 20.1 ms, a control collective 50 us. Period 4, compute
+        // 5 ms.
+        let w = work(600_000, 5e-3);
+        let wire = 2.4e6 / (125e6 * 1448.0 / 1514.0);
+        let avg = 50e-6 + wire;
+        let control = 50e-6;
+        let periodic = |overlap| Algorithm::Periodic {
+            period: 4,
+            gradient_warmup: false,
+            overlap,
+        };
+        let blocking = predict(&periodic(0), &w, &two_hosts(1)).unwrap();
+        // Per 4 iterations: 4 has-data flags, one fingerprint, the average in sequence.
+        close(
+            blocking.steady_s,
+            5e-3 + (4.0 * control + control + avg) / 4.0,
+        );
+        // Delay 1 hides one iteration of compute, delay 4 four (20 ms: all but 0.13 ms of the
+        // average); with 6 ms of compute, delay 4 hides all of it.
+        let one = predict(&periodic(1), &w, &two_hosts(1)).unwrap();
+        close(
+            one.steady_s,
+            5e-3 + (4.0 * control + control + avg - 5e-3) / 4.0,
+        );
+        let four = predict(&periodic(4), &w, &two_hosts(1)).unwrap();
+        close(
+            four.steady_s,
+            5e-3 + (4.0 * control + control + avg - 20e-3) / 4.0,
+        );
+        let slower = predict(&periodic(4), &work(600_000, 6e-3), &two_hosts(1)).unwrap();
+        close(slower.steady_s, 6e-3 + (4.0 * control + control) / 4.0);
+        // Same bytes as blocking, plus the helper's communicator once, at the first average.
+        let s = Schedule::new(&periodic(1), 2, &w).unwrap();
+        assert_eq!(s.payload(0), (8 + 8 + 32 + 2_400_000, 2_400_000));
+        assert_eq!(s.payload(4), (8 + 32 + 2_400_000, 2_400_000));
+        close(one.payload_bytes, blocking.payload_bytes);
+        // A delay past the period is refused, naming the bound.
+        let e = Schedule::new(&periodic(5), 2, &w).unwrap_err().to_string();
+        assert!(e.contains("overlap") && e.contains("period 4"), "{e}");
     }
 
     #[test]
@@ -823,6 +913,7 @@ mod tests {
                 &Algorithm::Periodic {
                     period,
                     gradient_warmup: true,
+                    overlap: 0,
                 },
                 &w,
                 &c,

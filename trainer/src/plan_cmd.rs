@@ -72,6 +72,10 @@ pub(crate) struct PlanFlags {
     /// Averaging period (local-sgd, post-local-sgd).
     #[arg(long, default_value_t = 4)]
     period: u64,
+    /// Overlapped averaging delay for local-sgd and post-local-sgd (0: blocking; at most
+    /// --period).
+    #[arg(long, default_value_t = 0)]
+    overlap: u64,
     /// Hierarchical levels "period:group-size,..." (default: the ranks of a host every
     /// --period, the world every 4 x --period; on an even number (> 2) of one-rank hosts, pairs
     /// of hosts every --period; otherwise the world every --period).
@@ -112,10 +116,12 @@ fn algorithm(name: &str, flags: &PlanFlags, layout: Layout) -> Result<Algorithm>
         "local-sgd" => Algorithm::Periodic {
             period: flags.period,
             gradient_warmup: false,
+            overlap: flags.overlap,
         },
         "post-local-sgd" => Algorithm::Periodic {
             period: flags.period,
             gradient_warmup: true,
+            overlap: flags.overlap,
         },
         "hierarchical" => {
             let levels = if flags.levels.trim().is_empty() {
@@ -241,7 +247,12 @@ pub(crate) fn run(flags: &PlanFlags) -> Result<()> {
     );
     for (a, p) in &rows {
         let name = match a {
-            Algorithm::Periodic { period, .. } => format!("{} period {period}", a.name()),
+            Algorithm::Periodic {
+                period, overlap: 0, ..
+            } => format!("{} period {period}", a.name()),
+            Algorithm::Periodic {
+                period, overlap, ..
+            } => format!("{} period {period} overlap {overlap}", a.name()),
             Algorithm::Hierarchical { levels } => format!(
                 "hierarchical {}",
                 levels

@@ -383,6 +383,7 @@ pub fn train_worker(
             opt,
             ckpt.meta.averager.as_ref(),
             ckpt.meta.hook.as_ref(),
+            ckpt.pending_average(),
         )?;
         position = ckpt.meta.data.unwrap_or_default();
     }
@@ -454,6 +455,10 @@ pub fn train_worker(
             }
         }
     }
+    // An overlapped average still in flight finishes its collective inside the timed run; it
+    // is saved pending (so a longer resumed run applies it where this one would have) and then
+    // applied to the final model.
+    let pending_average = pipeline.pending_average()?;
     let wall = started.elapsed();
     let traffic = group.traffic() - traffic_start;
     if let Some(w) = &mut metrics {
@@ -465,6 +470,7 @@ pub fn train_worker(
         let already = cfg.checkpoint_every > 0 && done.is_multiple_of(cfg.checkpoint_every);
         if done > 0 && !already {
             let ctx = CheckpointContext {
+                pending_average: pending_average.clone(),
                 iterations_done: done,
                 skipped_steps: pipeline.skipped_steps(),
                 model: &model,
@@ -478,6 +484,7 @@ pub fn train_worker(
         }
     }
 
+    let model = pipeline.finish(model)?;
     let local_test_accuracy = accuracy(&model, &data.test, &device)?;
     let params = flatten_params(&model, &ParamSelection::All)
         .map_err(RunError::Comm)?
@@ -529,6 +536,7 @@ pub fn save_checkpoint(
         ctx.skipped_steps,
         ctx.data,
         ctx.averager.clone(),
+        ctx.pending_average.clone(),
         ctx.hook.clone(),
         ctx.model,
         ctx.optimizer,

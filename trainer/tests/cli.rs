@@ -130,6 +130,28 @@ fn bad_input_is_rejected_before_anything_is_written() {
     assert_rejected(&base(&["--batch-size", "0"]), "`batch-size`", &run);
     assert_rejected(&base(&["--algorithm", "fedavg"]), "fedavg", &run);
     assert_rejected(&base(&["--workers", "two"]), "two", &run);
+    assert_rejected(
+        &base(&["--period", "4", "--overlap", "5"]),
+        "`overlap` = 5",
+        &run,
+    );
+    assert_rejected(
+        &base(&["--algorithm", "ddp", "--overlap", "1"]),
+        "algorithm `ddp` does not average models",
+        &run,
+    );
+    assert_rejected(
+        &base(&[
+            "--algorithm",
+            "hierarchical",
+            "--levels",
+            "2:2",
+            "--overlap",
+            "1",
+        ]),
+        "algorithm `hierarchical` does not support it yet",
+        &run,
+    );
 
     let cfg = dir.path().join("bad.toml");
     let c = cfg.to_str().unwrap();
@@ -298,18 +320,24 @@ fn eval_every_writes_eval_csv_at_multiples_and_the_end() {
 #[test]
 fn plan_payload_matches_the_metrics_of_a_real_run_exactly() {
     let dir = tempfile::tempdir().unwrap();
-    for (algorithm, extra) in [
-        ("ddp", vec![]),
-        ("post-local-sgd", vec!["--period", "4"]),
-        ("local-sgd", vec!["--period", "3"]),
-        ("hierarchical", vec!["--levels", "2:2,4:4"]),
+    for (name, algorithm, extra) in [
+        ("ddp", "ddp", vec![]),
+        ("post-local-sgd", "post-local-sgd", vec!["--period", "4"]),
+        ("local-sgd", "local-sgd", vec!["--period", "3"]),
+        ("hierarchical", "hierarchical", vec!["--levels", "2:2,4:4"]),
+        // Overlapped: the same bytes at the same iterations, plus the helper's communicator.
+        (
+            "overlapped",
+            "post-local-sgd",
+            vec!["--period", "4", "--overlap", "2"],
+        ),
     ] {
         let workers = if algorithm == "hierarchical" {
             "4"
         } else {
             "2"
         };
-        let run = dir.path().join(algorithm);
+        let run = dir.path().join(name);
         // The settings both commands share: same schedule, same counters.
         let mut common = vec![
             "--algorithm",
@@ -326,7 +354,7 @@ fn plan_payload_matches_the_metrics_of_a_real_run_exactly() {
         args.extend(["--run-dir", run.to_str().unwrap()]);
         args.extend(&common);
         ok(&localsgd(&args));
-        let json = dir.path().join(format!("{algorithm}.json"));
+        let json = dir.path().join(format!("{name}.json"));
         let mut plan = vec!["plan", "--compute-ms", "1", "--hosts", "1"];
         plan.extend([
             "--ranks-per-host",
@@ -353,8 +381,8 @@ fn plan_payload_matches_the_metrics_of_a_real_run_exactly() {
                 (f[b].parse().unwrap(), f[d].parse().unwrap())
             })
             .collect();
-        assert_eq!(measured.len(), 30, "{algorithm}");
-        assert_eq!(measured, expected, "{algorithm}");
+        assert_eq!(measured.len(), 30, "{name}");
+        assert_eq!(measured, expected, "{name}");
     }
 }
 

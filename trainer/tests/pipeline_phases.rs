@@ -19,6 +19,7 @@ fn spec(kind: AlgorithmKind) -> AlgorithmSpec {
         kind,
         warmup: 2,
         period: Some(2),
+        overlap: 0,
         levels: vec![(2, 2)],
         subgroup_size: None,
         post_local_allreduce: true,

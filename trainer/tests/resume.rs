@@ -39,9 +39,14 @@ fn bits(r: &localsgd_trainer::run::WorkerResult) -> Vec<u32> {
 }
 
 fn check_resume(algorithm: AlgorithmKind, optimizer: OptimizerKind) {
+    check_resume_overlapped(algorithm, optimizer, 0);
+}
+
+fn check_resume_overlapped(algorithm: AlgorithmKind, optimizer: OptimizerKind, overlap: u64) {
     let straight_dir = tempfile::tempdir().unwrap();
     let resumed_dir = tempfile::tempdir().unwrap();
     let mut cfg = config(straight_dir.path(), algorithm, optimizer);
+    cfg.overlap = overlap;
     let data = load_data(&cfg).unwrap();
     // 160 training rows / 2 ranks / batch 16 = 5 batches per epoch: 13 steps cross two epoch
     // boundaries, and the stop at 7 is mid-epoch.
@@ -49,6 +54,7 @@ fn check_resume(algorithm: AlgorithmKind, optimizer: OptimizerKind) {
     let straight = train_threads(&cfg, &data, Some(straight_dir.path()), None).unwrap();
 
     let mut first = config(resumed_dir.path(), algorithm, optimizer);
+    first.overlap = overlap;
     first.steps = Some(7);
     train_threads(&first, &data, Some(resumed_dir.path()), None).unwrap();
     let mut second = first.clone();
@@ -70,6 +76,14 @@ fn check_resume(algorithm: AlgorithmKind, optimizer: OptimizerKind) {
 #[test]
 fn post_local_sgd_with_momentum_resumes_bit_identically() {
     check_resume(AlgorithmKind::PostLocalSgd, OptimizerKind::Sgd);
+}
+
+#[test]
+fn overlapped_post_local_sgd_resumes_bit_identically_with_averages_pending() {
+    // Period 2 after warmup 3, overlap 2: averages start at steps 3, 5, 7, 9, 11 and are applied
+    // two steps later, so the checkpoints after iterations 4 and 7 (the stop) each hold a
+    // pending average, and the last one (started at 11) is applied at the end.
+    check_resume_overlapped(AlgorithmKind::PostLocalSgd, OptimizerKind::Sgd, 2);
 }
 
 #[test]

@@ -18,7 +18,7 @@ pub use source::{BatchSource, DataPosition, IterSource};
 use burn::module::Module;
 use burn::optim::{GradientsParams, ModuleOptimizer};
 use burn::tensor::Tensor;
-use localsgd_averagers::{AverageParameters, AveragerState, ModelAverager};
+use localsgd_averagers::{AverageParameters, AveragerState, ModelAverager, PendingAverage};
 use localsgd_comm::params::{FlatBuffer, ParamSelection, flatten_grads};
 use localsgd_comm::{Group, GroupExt, ReduceOp, Traffic};
 use localsgd_hooks::{CommHook, GradientReducer, HookState};
@@ -87,6 +87,9 @@ pub struct CheckpointContext<'a, M> {
     pub optimizer: &'a ModuleOptimizer,
     /// Averager state (its step counter), if an averager is configured.
     pub averager: Option<AveragerState>,
+    /// An overlapped average started and not yet applied (its collective completed for the
+    /// checkpoint), to be restored with [`Pipeline::restore`].
+    pub pending_average: Option<PendingAverage>,
     /// Hook state (e.g. the post-local SGD `iter`), if a hook is configured.
     pub hook: Option<HookState>,
     /// Where the batch source stands.
@@ -204,8 +207,9 @@ impl<M: Module> Pipeline<M> {
         self.sync.as_ref().map(|s| &*s.hook)
     }
 
-    /// Restore the counters and component states saved in a checkpoint. The caller restores the
-    /// model parameters and the data position.
+    /// Restore the counters and component states saved in a checkpoint, including an
+    /// overlapped average that was pending. The caller restores the model parameters and the
+    /// data position.
     pub fn restore(
         &mut self,
         iterations_done: u64,
@@ -213,9 +217,23 @@ impl<M: Module> Pipeline<M> {
         optimizer: ModuleOptimizer,
         averager: Option<&AveragerState>,
         hook: Option<&HookState>,
+        pending_average: Option<PendingAverage>,
     ) -> Result<(), PipelineError> {
         match (&mut self.averager, averager) {
-            (Some(a), Some(s)) => a.load_state(s)?,
+            (Some(a), Some(s)) => {
+                a.load_state(s)?;
+                match (a.overlap_mut(), pending_average) {
+                    (Some(overlap), Some(p)) => overlap.restore(p)?,
+                    (_, None) => {}
+                    (None, Some(p)) => {
+                        return Err(PipelineError::Config(format!(
+                            "the checkpoint holds an overlapped average started at step {} but \
+                             this run averages without overlap",
+                            p.started_at
+                        )));
+                    }
+                }
+            }
             (None, None) => {}
             (a, s) => {
                 return Err(PipelineError::Config(format!(
@@ -342,9 +360,12 @@ impl<M: Module> Pipeline<M> {
                     let every = self.options.checkpoint_every;
                     if every > 0
                         && (self.iteration + 1).is_multiple_of(every)
-                        && let Some(save) = &mut self.checkpointer
+                        && self.checkpointer.is_some()
                     {
+                        // A pending overlapped average is completed (not applied) and saved.
+                        let pending_average = self.pending_average()?;
                         let ctx = CheckpointContext {
+                            pending_average,
                             iterations_done: self.iteration + 1,
                             skipped_steps: self.skipped_steps,
                             model: &m,
@@ -354,7 +375,9 @@ impl<M: Module> Pipeline<M> {
                             data: source.position(),
                             group: &self.group,
                         };
-                        save(&ctx)?;
+                        if let Some(save) = &mut self.checkpointer {
+                            save(&ctx)?;
+                        }
                     }
                     m
                 }
@@ -377,6 +400,26 @@ impl<M: Module> Pipeline<M> {
         self.times.accumulate(&times);
         self.iteration += 1;
         Ok(Outcome::Trained(model, report))
+    }
+
+    /// The overlapped average started and not yet applied, with its collective completed
+    /// (waits for it if still in flight; it stays pending and is applied at its step). For
+    /// checkpoints; `None` without overlap or when nothing is pending.
+    pub fn pending_average(&mut self) -> Result<Option<PendingAverage>, PipelineError> {
+        match self.averager.as_mut().and_then(|a| a.overlap_mut()) {
+            Some(overlap) => Ok(overlap.settle()?),
+            None => Ok(None),
+        }
+    }
+
+    /// End training: apply an overlapped average still in flight (every rank, at the same
+    /// iteration), so the returned model includes it. Call once after the last iteration; a
+    /// no-op without overlap.
+    pub fn finish(&mut self, model: M) -> Result<M, PipelineError> {
+        match &mut self.averager {
+            Some(averager) => Ok(averager.complete_pending(model)?),
+            None => Ok(model),
+        }
     }
 
     fn observe(&mut self, phase: Phase, collectives_before: u64) {
