@@ -214,9 +214,7 @@ impl Overlap {
             return Ok(module);
         };
         let average = p.transfer.into_ready()?;
-        let layout = layout_of_indices(&module, &p.indices);
-        let ids = layout.entries.iter().map(|e| e.id);
-        let mut current = flatten_params(&module, &ParamSelection::ids(ids))?;
+        let mut current = flatten_params(&module, &selection_of_indices(&module, &p.indices))?;
         match (&p.snapshot, &average, &mut current.buffer) {
             (FlatBuffer::F32(s), FlatBuffer::F32(a), FlatBuffer::F32(x)) if x.len() == s.len() => {
                 mix(a, x, s)
@@ -314,13 +312,13 @@ fn mix<T: Copy + std::ops::Add<Output = T> + std::ops::Sub<Output = T>>(
     }
 }
 
-/// The layout of the float parameters at these traversal indices.
-fn layout_of_indices<M: Module>(module: &M, indices: &[usize]) -> FlatLayout {
+/// The float parameters at these traversal indices (ids are per process, indices are not).
+fn selection_of_indices<M: Module>(module: &M, indices: &[usize]) -> ParamSelection {
     let all = FlatLayout::of(module, &ParamSelection::All);
-    let ids = all
-        .entries
-        .iter()
-        .filter(|e| indices.contains(&e.index))
-        .map(|e| e.id);
-    FlatLayout::of(module, &ParamSelection::ids(ids))
+    ParamSelection::ids(
+        all.entries
+            .iter()
+            .filter(|e| indices.contains(&e.index))
+            .map(|e| e.id),
+    )
 }

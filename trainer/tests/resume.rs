@@ -57,6 +57,19 @@ fn check_resume_overlapped(algorithm: AlgorithmKind, optimizer: OptimizerKind, o
     first.overlap = overlap;
     first.steps = Some(7);
     train_threads(&first, &data, Some(resumed_dir.path()), None).unwrap();
+    if overlap > 0 {
+        // The stop must fall inside an overlap window, or this would test blocking resume.
+        let spec = localsgd_trainer::algorithm::AlgorithmSpec::from_config(&first).unwrap();
+        let identity = localsgd_trainer::run::run_identity(&spec, first.workers);
+        let dir = localsgd_trainer::checkpoint::CheckpointDir::new(resumed_dir.path());
+        for rank in 0..first.workers {
+            let ckpt = dir.load_rank(rank, &identity).unwrap();
+            let pending = ckpt
+                .pending_average()
+                .expect("a pending average at the stop");
+            assert_eq!(pending.started_at, 5, "rank {rank}");
+        }
+    }
     let mut second = first.clone();
     second.steps = Some(13);
     second.resume = true;

@@ -230,9 +230,9 @@ impl MpiGroup {
         let sig = CallSignature::all_reduce(op, T::TYPE, buf.len());
         let mpi_op = T::op(&self.runtime.ops, op);
         let in_place = self.runtime.in_place;
-        if let (Some(interval), Some(sentinel)) = (self.poll, in_place) {
-            let piece_len = (DEDICATED_PIECE_BYTES / std::mem::size_of::<T>()).max(1);
-            return self.collective(sig, || {
+        self.collective(sig, || {
+            if let (Some(interval), Some(sentinel)) = (self.poll, in_place) {
+                let piece_len = (DEDICATED_PIECE_BYTES / std::mem::size_of::<T>()).max(1);
                 buf.chunks_mut(piece_len).try_for_each(|piece| {
                     // SAFETY: as for the blocking call below; the request handle is written by
                     // MPI_Iallreduce and completed by `wait_polling` before `piece` is released.
@@ -251,50 +251,42 @@ impl MpiGroup {
                     self.check(rc, &sig, "MPI_Iallreduce")?;
                     self.wait_polling(&mut request, interval, &sig)
                 })?;
-                if op == ReduceOp::Mean {
-                    let n = self.size();
-                    for x in buf.iter_mut() {
-                        *x = x.div_count(n);
-                    }
-                }
-                Ok(())
-            });
-        }
-        self.collective(sig, || {
-            for_pieces(buf, |piece| {
-                let count = piece.len() as c_int;
-                let recv = piece.as_mut_ptr() as *mut c_void;
-                let rc = match in_place {
-                    // SAFETY: `sentinel` is this library's MPI_IN_PLACE; `piece` is a live buffer
-                    // of `count` elements of the datatype.
-                    Some(sentinel) => unsafe {
-                        ffi::MPI_Allreduce(
-                            sentinel as *const c_void,
-                            recv,
-                            count,
-                            T::datatype(),
-                            mpi_op.0,
-                            self.comm.0,
-                        )
-                    },
-                    None => {
-                        // Unknown MPI library (no known MPI_IN_PLACE value): one copy.
-                        let send = piece.to_vec();
-                        // SAFETY: `send` and `piece` hold `count` elements each.
-                        unsafe {
+            } else {
+                for_pieces(buf, |piece| {
+                    let count = piece.len() as c_int;
+                    let recv = piece.as_mut_ptr() as *mut c_void;
+                    let rc = match in_place {
+                        // SAFETY: `sentinel` is this library's MPI_IN_PLACE; `piece` is a live buffer
+                        // of `count` elements of the datatype.
+                        Some(sentinel) => unsafe {
                             ffi::MPI_Allreduce(
-                                send.as_ptr() as *const c_void,
+                                sentinel as *const c_void,
                                 recv,
                                 count,
                                 T::datatype(),
                                 mpi_op.0,
                                 self.comm.0,
                             )
+                        },
+                        None => {
+                            // Unknown MPI library (no known MPI_IN_PLACE value): one copy.
+                            let send = piece.to_vec();
+                            // SAFETY: `send` and `piece` hold `count` elements each.
+                            unsafe {
+                                ffi::MPI_Allreduce(
+                                    send.as_ptr() as *const c_void,
+                                    recv,
+                                    count,
+                                    T::datatype(),
+                                    mpi_op.0,
+                                    self.comm.0,
+                                )
+                            }
                         }
-                    }
-                };
-                self.check(rc, &sig, "MPI_Allreduce")
-            })?;
+                    };
+                    self.check(rc, &sig, "MPI_Allreduce")
+                })?;
+            }
             if op == ReduceOp::Mean {
                 let n = self.size();
                 for x in buf.iter_mut() {
