@@ -112,6 +112,7 @@ def parse_args(argv):
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--warmup", type=int, default=50)
     p.add_argument("--period", type=int, default=4)
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP's bucket_cap_mb (its default 25)")
     p.add_argument("--levels", default="", help='hierarchical levels "period:group,..." e.g. 2:2,4:4')
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--flush-denormals", action="store_true",
@@ -402,7 +403,8 @@ def train_worker(rank, args, addr, port, threads, out_path=None):
     dist.barrier()
     t_setup = time.perf_counter()
     model = build_model(args, widths)
-    ddp = DDP(model)  # CPU module: no device_ids; broadcasts rank 0's parameters
+    # CPU module: no device_ids; broadcasts rank 0's parameters.
+    ddp = DDP(model, bucket_cap_mb=args.bucket_cap_mb)
     averager = None
     if args.algorithm in ("post-local-sgd", "hierarchical"):
         state = PostLocalSGDState(process_group=None, subgroup=None,

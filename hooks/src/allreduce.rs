@@ -33,6 +33,10 @@ impl CommHook for AllReduceHook {
         HookState::AllReduce
     }
 
+    fn take_mean_step(&mut self) -> Result<Option<Group>, HookError> {
+        Ok(Some(self.group.clone()))
+    }
+
     fn load_state(&mut self, state: &HookState) -> Result<(), HookError> {
         match state {
             HookState::AllReduce => Ok(()),

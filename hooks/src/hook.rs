@@ -4,6 +4,7 @@ use crate::bucket::GradBucket;
 use crate::compress::Precision;
 use crate::error::HookError;
 use crate::post_local::PostLocalSgdState;
+use localsgd_comm::Group;
 use serde::{Deserialize, Serialize};
 
 /// A gradient communication hook: called once per bucket, in bucket order, on every rank.
@@ -28,6 +29,18 @@ pub trait CommHook: Send + std::fmt::Debug {
     fn skips_communication(&self) -> bool {
         false
     }
+
+    /// Offer the coming iteration to a pipelining reducer. A hook whose [`run`](CommHook::run)
+    /// on every bucket of this iteration would do exactly [`BucketData::average_over`] one
+    /// group, and nothing else to the buckets, advances its state past the iteration as those
+    /// runs would (the post-local SGD hook counts it) and returns that group: the reducer then
+    /// averages the buckets itself, non-blocking, and does not call `run` for this iteration.
+    /// Any other hook returns `None` (the default) and is run bucket by bucket.
+    ///
+    /// [`BucketData::average_over`]: crate::BucketData::average_over
+    fn take_mean_step(&mut self) -> Result<Option<Group>, HookError> {
+        Ok(None)
+    }
 }
 
 impl<H: CommHook + ?Sized> CommHook for Box<H> {
@@ -42,6 +55,9 @@ impl<H: CommHook + ?Sized> CommHook for Box<H> {
     }
     fn skips_communication(&self) -> bool {
         (**self).skips_communication()
+    }
+    fn take_mean_step(&mut self) -> Result<Option<Group>, HookError> {
+        (**self).take_mean_step()
     }
 }
 

@@ -77,32 +77,55 @@ impl PostLocalSgdHook {
     }
 }
 
-impl CommHook for PostLocalSgdHook {
-    fn run(&mut self, bucket: &mut GradBucket) -> Result<(), HookError> {
-        if self.in_warmup() {
-            if bucket.is_last() {
-                self.state.iter += 1;
-                if self.state.iter == self.state.start_local_sgd_iter {
-                    tracing::info!(
-                        iterations = self.state.iter,
-                        "post-local SGD: warmup done, local SGD starts with the next iteration"
-                    );
-                }
-            }
-            return bucket.data_mut().average_over(&self.process_group);
+impl PostLocalSgdHook {
+    /// Count one warmup iteration (at its last bucket, as the reference does).
+    fn count_warmup_iteration(&mut self) {
+        self.state.iter += 1;
+        if self.state.iter == self.state.start_local_sgd_iter {
+            tracing::info!(
+                iterations = self.state.iter,
+                "post-local SGD: warmup done, local SGD starts with the next iteration"
+            );
         }
-        if !self.state.post_local_gradient_allreduce {
-            return Ok(());
-        }
-        let subgroup = match &self.subgroup {
+    }
+
+    /// The subgroup of the local phase (created on first use: the ranks on this host).
+    fn local_group(&mut self) -> Result<Group, HookError> {
+        Ok(match &self.subgroup {
             Some(g) => g.clone(),
             None => {
                 let g = self.process_group.intra_node()?;
                 self.subgroup = Some(g.clone());
                 g
             }
-        };
+        })
+    }
+}
+
+impl CommHook for PostLocalSgdHook {
+    fn run(&mut self, bucket: &mut GradBucket) -> Result<(), HookError> {
+        if self.in_warmup() {
+            if bucket.is_last() {
+                self.count_warmup_iteration();
+            }
+            return bucket.data_mut().average_over(&self.process_group);
+        }
+        if !self.state.post_local_gradient_allreduce {
+            return Ok(());
+        }
+        let subgroup = self.local_group()?;
         bucket.data_mut().average_over(&subgroup)
+    }
+
+    fn take_mean_step(&mut self) -> Result<Option<Group>, HookError> {
+        if self.in_warmup() {
+            self.count_warmup_iteration();
+            return Ok(Some(self.process_group.clone()));
+        }
+        if !self.state.post_local_gradient_allreduce {
+            return Ok(None);
+        }
+        Ok(Some(self.local_group()?))
     }
 
     fn state(&self) -> HookState {

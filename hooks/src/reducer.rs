@@ -4,6 +4,7 @@
 use crate::bucket::{BucketData, GradBucket};
 use crate::error::HookError;
 use crate::hook::CommHook;
+use crate::in_flight::{InFlightGrads, PendingBuffer};
 use crate::plan::{BucketCaps, BucketPlan};
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
@@ -11,6 +12,8 @@ use burn::tensor::{DType, Tensor};
 use localsgd_comm::params::{
     FlatBuffer, FlatLayout, ParamSelection, flatten_grads, grads_from_flat,
 };
+use localsgd_comm::{AsyncGroup, Group, GroupExt};
+use std::sync::Arc;
 
 /// Runs a [`CommHook`] over a module's gradients, one bucket at a time.
 ///
@@ -18,16 +21,47 @@ use localsgd_comm::params::{
 /// received a gradient this step: a parameter without a local gradient contributes zeros, so
 /// ranks never disagree on bucket sizes. The plan is computed once per module layout and cached.
 ///
-/// The gradients are flattened once (one read of one concatenated tensor); each bucket, a
-/// contiguous range of that flat gradient, is copied out, run through the hook and copied back;
-/// the result is unflattened once. Overlapping the flattening of bucket `i + 1` with the
-/// communication of bucket `i` on a helper thread was measured in `benches/bucket_overlap.rs`
-/// and did not pay on the 2-core dev machine (mean ~1.01x of this path's time over six runs),
-/// so the simple path is kept.
-#[derive(Debug, Clone, Default)]
+/// Two ways to communicate, with the same results to the bit:
+///
+/// - **Blocking** (the default): the gradients are flattened once (one read of one
+///   concatenated tensor); each bucket, a contiguous range of that flat gradient, is averaged
+///   in place when the hook's iteration is a plain mean ([`CommHook::take_mean_step`]), or else
+///   copied out, run through the hook and copied back; the result is unflattened once.
+/// - **Pipelined** ([`pipelined(true)`](Self::pipelined)): when the hook's iteration is a plain
+///   mean over one group ([`CommHook::take_mean_step`]: the all-reduce hook, the post-local SGD
+///   hook while it averages), [`start`](Self::start) reads each bucket on its own and starts its
+///   average on a non-blocking [`AsyncGroup`] right away, so bucket `i` is on the wire while
+///   bucket `i + 1` is read, and the caller can step the optimizer on bucket `i` while later
+///   buckets are still in flight ([`InFlightGrads::next_part`]). Other hooks (compression) run
+///   the blocking way. The async group is created on the first pipelined iteration (a
+///   collective over the hook's group, at the same iteration on every rank) and replaced when
+///   the hook's group changes (post-local SGD's switch to its subgroup). A plan of one bucket
+///   (or a group of one rank) has nothing to overlap: its mean runs blocking, in place on the
+///   flat gradient (one copy fewer than the hook path).
+///
+/// The ordering rule that keeps this race-free: the gradient-sync phase starts every bucket's
+/// collective, in bucket order, on every rank; the optimizer phase of the same iteration
+/// completes all of them. Nothing is left pending across iterations; [`close`](Self::close)
+/// reports a collective that was (a dropped [`InFlightGrads`]).
+#[derive(Debug, Default)]
 pub struct GradientReducer {
     caps: BucketCaps,
     plan: Option<BucketPlan>,
+    pipelined: bool,
+    side: Option<AsyncGroup>,
+}
+
+impl Clone for GradientReducer {
+    /// The same caps, plan and setting; the clone creates its own async group when it first
+    /// needs one (collectively, like the original).
+    fn clone(&self) -> Self {
+        Self {
+            caps: self.caps,
+            plan: self.plan.clone(),
+            pipelined: self.pipelined,
+            side: None,
+        }
+    }
 }
 
 /// The trainable float parameters of a module, in traversal order.
@@ -49,7 +83,22 @@ impl ModuleVisitor for Trainable {
 impl GradientReducer {
     /// A reducer with these bucket caps.
     pub fn new(caps: BucketCaps) -> Self {
-        Self { caps, plan: None }
+        Self {
+            caps,
+            ..Self::default()
+        }
+    }
+
+    /// Pipeline the buckets (non-blocking averaging, bucket by bucket) where the hook allows
+    /// it; see the type's docs. Every rank must use the same setting.
+    pub fn pipelined(mut self, on: bool) -> Self {
+        self.pipelined = on;
+        self
+    }
+
+    /// Whether buckets are pipelined where the hook allows it.
+    pub fn is_pipelined(&self) -> bool {
+        self.pipelined
     }
 
     /// The bucket caps.
@@ -60,11 +109,11 @@ impl GradientReducer {
     /// The bucket plan for `module` (computed, or taken from the cache when the module's
     /// trainable layout is unchanged).
     pub fn plan<M: Module>(&mut self, module: &M) -> &BucketPlan {
-        let (_, plan) = self.ensure_plan(module);
+        let (_, _, plan) = self.ensure_plan(module);
         plan
     }
 
-    fn ensure_plan<M: Module>(&mut self, module: &M) -> (ParamSelection, &BucketPlan) {
+    fn ensure_plan<M: Module>(&mut self, module: &M) -> (ParamSelection, FlatLayout, &BucketPlan) {
         let mut trainable = Trainable {
             ids: Vec::new(),
             wide: false,
@@ -88,7 +137,7 @@ impl GradientReducer {
                 BucketPlan::new(params, element_bytes, self.caps)
             }
         };
-        (selection, self.plan.insert(plan))
+        (selection, layout, self.plan.insert(plan))
     }
 
     /// Communicate `grads` (the gradients of `module` from one backward pass) with `hook`,
@@ -97,47 +146,179 @@ impl GradientReducer {
     /// Every trainable parameter gets a gradient in the result (the communicated one), except when
     /// the hook [skips communication](CommHook::skips_communication): then `grads` comes back
     /// untouched. A module without trainable parameters has no buckets: `grads` comes back
-    /// untouched and the hook is not called.
+    /// untouched and the hook is not called. Pipelined or not, this returns when every bucket is
+    /// reduced; use [`start`](Self::start) to step an optimizer while buckets are in flight.
     pub fn reduce<M: Module>(
         &mut self,
         module: &M,
         grads: GradientsParams,
         hook: &mut dyn CommHook,
     ) -> Result<GradientsParams, HookError> {
+        self.start(module, grads, hook)?.wait_all(module)
+    }
+
+    /// Start communicating `grads` with `hook` and return them in flight: with pipelining and a
+    /// hook that allows it, every bucket's average has been started (non-blocking) when this
+    /// returns; otherwise the hook has run on every bucket and the result is ready. Either way
+    /// the result equals [`reduce`](Self::reduce)'s.
+    pub fn start<M: Module>(
+        &mut self,
+        module: &M,
+        grads: GradientsParams,
+        hook: &mut dyn CommHook,
+    ) -> Result<InFlightGrads, HookError> {
         if hook.skips_communication() {
-            return Ok(grads);
+            return Ok(InFlightGrads::ready(grads));
         }
-        let (selection, plan) = self.ensure_plan(module);
+        let pipelined = self.pipelined;
+        let (selection, layout, plan) = self.ensure_plan(module);
         if plan.is_empty() {
-            return Ok(grads);
+            return Ok(InFlightGrads::ready(grads));
         }
-        let mut flat = flatten_grads(module, &grads, &selection)?;
-        let count = plan.buckets.len();
-        for (i, spec) in plan.buckets.iter().enumerate() {
-            let range = spec.flat_offset..spec.flat_offset + spec.len;
-            let data = match &flat.buffer {
-                FlatBuffer::F32(v) => BucketData::F32(v[range.clone()].to_vec()),
-                FlatBuffer::F64(v) => BucketData::F64(v[range.clone()].to_vec()),
+        let buckets = plan.len();
+        let Some(group) = hook.take_mean_step()? else {
+            return run_blocking(module, grads, hook, &selection, plan).map(InFlightGrads::ready);
+        };
+        // Not pipelined, one rank (its mean is the identity) or one bucket (the optimizer needs
+        // it whole): the mean runs blocking, in place on the flat gradient, bucket by bucket.
+        // With pipelining the helper is created whenever the group has peers, so the traffic
+        // does not depend on the bucket layout.
+        let overlap = pipelined && group.size() > 1;
+        if overlap {
+            self.side_for(group.clone())?;
+        }
+        let plan = self
+            .plan
+            .as_ref()
+            .ok_or_else(|| HookError::InvalidBucket("the bucket plan was not computed".into()))?;
+        if !overlap || buckets < 2 {
+            return mean_blocking(module, grads, &selection, plan, &group)
+                .map(InFlightGrads::ready);
+        }
+        let wide = plan.element_bytes == 8;
+        let bucket_ids: Vec<Vec<ParamId>> = plan
+            .buckets
+            .iter()
+            .map(|spec| {
+                spec.params
+                    .iter()
+                    .filter_map(|p| {
+                        layout
+                            .entries
+                            .binary_search_by_key(&p.index, |e| e.index)
+                            .ok()
+                            .map(|at| layout.entries[at].id)
+                    })
+                    .collect()
+            })
+            .collect();
+        let side = self.side.as_mut().ok_or_else(|| {
+            HookError::InvalidBucket("the non-blocking group was not created".into())
+        })?;
+        let mut out = InFlightGrads::buckets();
+        for ids in bucket_ids {
+            let flat = flatten_grads(module, &grads, &ParamSelection::ids(ids))?;
+            // The bucket travels in the plan's precision, as in the blocking path (an f32 bucket
+            // of a model with f64 parameters is averaged in f64).
+            let pending = match flat.buffer {
+                FlatBuffer::F32(v) if wide => {
+                    PendingBuffer::F64(side.start_average(v.into_iter().map(f64::from).collect())?)
+                }
+                FlatBuffer::F32(v) => PendingBuffer::F32(side.start_average(v)?),
+                FlatBuffer::F64(v) => PendingBuffer::F64(side.start_average(v)?),
             };
-            let mut bucket = GradBucket::with_params(i, i + 1 == count, data, spec.bucket_params());
-            let given = bucket.element_type();
-            hook.run(&mut bucket)?;
-            let returned = (bucket.len(), bucket.element_type());
-            match (&mut flat.buffer, bucket.into_data()) {
-                (FlatBuffer::F32(v), BucketData::F32(b)) if b.len() == spec.len => {
-                    v[range].copy_from_slice(&b)
-                }
-                (FlatBuffer::F64(v), BucketData::F64(b)) if b.len() == spec.len => {
-                    v[range].copy_from_slice(&b)
-                }
-                _ => {
-                    return Err(HookError::InvalidBucket(format!(
-                        "hook {hook:?} returned bucket {i} with {} {} elements; it was given {} {} elements",
-                        returned.0, returned.1, spec.len, given
-                    )));
-                }
+            out.push(flat.layout, pending);
+        }
+        Ok(out)
+    }
+
+    /// The async group over `group`'s ranks, created (collectively) on first use and replaced
+    /// when the hook's group changes.
+    fn side_for(&mut self, group: Group) -> Result<&mut AsyncGroup, HookError> {
+        let reuse = self
+            .side
+            .as_ref()
+            .is_some_and(|side| Arc::ptr_eq(side.group(), &group));
+        if !reuse {
+            if let Some(old) = self.side.take() {
+                old.close()?;
+            }
+            tracing::debug!(
+                ranks = group.size(),
+                "pipelined gradient sync: creating the non-blocking group"
+            );
+            self.side = Some(AsyncGroup::new(group)?);
+        }
+        self.side.as_mut().ok_or_else(|| {
+            HookError::InvalidBucket("the non-blocking group was not created".into())
+        })
+    }
+
+    /// Stop the pipelining helper, if one was started, and check that nothing was left
+    /// pending ([`CommError::LeftPending`](localsgd_comm::CommError::LeftPending) otherwise). A
+    /// later pipelined iteration creates a new one.
+    pub fn close(&mut self) -> Result<(), HookError> {
+        match self.side.take() {
+            Some(side) => Ok(side.close()?),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A plain mean over `group`, blocking: flatten once, average each bucket's range in place (the
+/// collectives the hook would issue, with its rounding), unflatten once.
+fn mean_blocking<M: Module>(
+    module: &M,
+    grads: GradientsParams,
+    selection: &ParamSelection,
+    plan: &BucketPlan,
+    group: &Group,
+) -> Result<GradientsParams, HookError> {
+    let mut flat = flatten_grads(module, &grads, selection)?;
+    for spec in &plan.buckets {
+        let range = spec.flat_offset..spec.flat_offset + spec.len;
+        match &mut flat.buffer {
+            FlatBuffer::F32(v) => group.average_slice(&mut v[range])?,
+            FlatBuffer::F64(v) => group.average_slice(&mut v[range])?,
+        }
+    }
+    Ok(grads_from_flat(module, &flat)?)
+}
+
+/// The blocking path: flatten once, run the hook on each bucket's copy, unflatten once.
+fn run_blocking<M: Module>(
+    module: &M,
+    grads: GradientsParams,
+    hook: &mut dyn CommHook,
+    selection: &ParamSelection,
+    plan: &BucketPlan,
+) -> Result<GradientsParams, HookError> {
+    let mut flat = flatten_grads(module, &grads, selection)?;
+    let count = plan.buckets.len();
+    for (i, spec) in plan.buckets.iter().enumerate() {
+        let range = spec.flat_offset..spec.flat_offset + spec.len;
+        let data = match &flat.buffer {
+            FlatBuffer::F32(v) => BucketData::F32(v[range.clone()].to_vec()),
+            FlatBuffer::F64(v) => BucketData::F64(v[range.clone()].to_vec()),
+        };
+        let mut bucket = GradBucket::with_params(i, i + 1 == count, data, spec.bucket_params());
+        let given = bucket.element_type();
+        hook.run(&mut bucket)?;
+        let returned = (bucket.len(), bucket.element_type());
+        match (&mut flat.buffer, bucket.into_data()) {
+            (FlatBuffer::F32(v), BucketData::F32(b)) if b.len() == spec.len => {
+                v[range].copy_from_slice(&b)
+            }
+            (FlatBuffer::F64(v), BucketData::F64(b)) if b.len() == spec.len => {
+                v[range].copy_from_slice(&b)
+            }
+            _ => {
+                return Err(HookError::InvalidBucket(format!(
+                    "hook {hook:?} returned bucket {i} with {} {} elements; it was given {} {} elements",
+                    returned.0, returned.1, spec.len, given
+                )));
             }
         }
-        Ok(grads_from_flat(module, &flat)?)
     }
+    Ok(grads_from_flat(module, &flat)?)
 }

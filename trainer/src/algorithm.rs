@@ -1,7 +1,7 @@
 //! Turning an algorithm choice into pipeline parts: a comm hook (with its bucket reducer) and a
 //! model averager. Custom combinations can skip this and hand parts to the pipeline directly.
 
-use crate::config::{AlgorithmKind, Compression, TrainConfig};
+use crate::config::{AlgorithmKind, Compression, PipelineBuckets, TrainConfig};
 use crate::pipeline::PipelineError;
 use localsgd_averagers::{HierarchicalModelAverager, ModelAverager, PeriodicModelAverager};
 use localsgd_comm::Group;
@@ -26,6 +26,8 @@ pub struct AlgorithmSpec {
     pub subgroup_size: Option<usize>,
     /// PyTorch's `post_local_gradient_allreduce`.
     pub post_local_allreduce: bool,
+    /// Pipelined gradient sync (same numbers; not part of the identity).
+    pub pipeline_buckets: PipelineBuckets,
     /// Bucket caps.
     pub caps: BucketCaps,
     /// Compression around the hook.
@@ -46,6 +48,7 @@ impl AlgorithmSpec {
                 .map_err(|e| PipelineError::Config(e.to_string()))?,
             subgroup_size: cfg.subgroup_size,
             post_local_allreduce: cfg.post_local_allreduce,
+            pipeline_buckets: cfg.pipeline_buckets,
             caps: BucketCaps {
                 first_bytes: mib(cfg.first_bucket_mb).max(1),
                 rest_bytes: mib(cfg.bucket_cap_mb).max(1),
@@ -96,7 +99,13 @@ pub fn build(spec: &AlgorithmSpec, world: &Group) -> Result<AlgorithmParts, Pipe
     let warmup_iters = u64::try_from(spec.warmup).map_err(|_| {
         PipelineError::Config(format!("warmup must be non-negative (got {})", spec.warmup))
     })?;
-    let reducer = || GradientReducer::new(spec.caps);
+    let pipelined = match spec.pipeline_buckets {
+        PipelineBuckets::On => true,
+        PipelineBuckets::Off => false,
+        // Local SGD sends no gradients: nothing to decide, no collective.
+        PipelineBuckets::Auto => spec.kind != AlgorithmKind::LocalSgd && spans_hosts(world)?,
+    };
+    let reducer = || GradientReducer::new(spec.caps).pipelined(pipelined);
     let post_local_hook = || -> Result<Box<dyn CommHook>, PipelineError> {
         let subgroup = match spec.subgroup_size {
             Some(size) => {
@@ -165,6 +174,21 @@ pub fn build(spec: &AlgorithmSpec, world: &Group) -> Result<AlgorithmParts, Pipe
             )?)),
         },
     })
+}
+
+/// Whether `world`'s ranks run on more than one host (`pipeline-buckets = "auto"`). Collective
+/// except on the thread backend, whose ranks are one process.
+fn spans_hosts(world: &Group) -> Result<bool, PipelineError> {
+    if world.size() < 2 || world.backend() == "threads" {
+        return Ok(false);
+    }
+    let hosts = world
+        .all_gather_u64(&[world.host_id()])
+        .map_err(|source| PipelineError::Comm {
+            phase: "setup",
+            source,
+        })?;
+    Ok(hosts.iter().any(|&h| h != hosts[0]))
 }
 
 /// Default levels for `compare` when none are configured: pairs... halves every `period` steps,

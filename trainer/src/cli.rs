@@ -3,7 +3,7 @@
 
 use crate::config::{
     AlgorithmKind, Backend, Compression, DatasetKind, DeviceKind, MetricsFormat, OptimizerKind,
-    TrainConfig,
+    PipelineBuckets, TrainConfig,
 };
 use std::path::PathBuf;
 
@@ -64,6 +64,10 @@ pub struct ConfigFlags {
     /// Keep all-reducing gradients in the subgroup after warmup (true/false).
     #[arg(long)]
     pub post_local_allreduce: Option<bool>,
+    /// Pipeline gradient buckets: non-blocking bucket averages, the optimizer stepped per
+    /// bucket (auto: when the ranks span more than one host).
+    #[arg(long, value_enum)]
+    pub pipeline_buckets: Option<PipelineBuckets>,
     /// Gradient bucket cap in MiB.
     #[arg(long)]
     pub bucket_cap_mb: Option<f64>,
@@ -192,6 +196,7 @@ impl ConfigFlags {
             overlap,
             levels,
             post_local_allreduce,
+            pipeline_buckets,
             bucket_cap_mb,
             first_bucket_mb,
             compression,

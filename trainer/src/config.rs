@@ -66,6 +66,20 @@ impl AlgorithmKind {
     }
 }
 
+/// Whether gradient buckets are pipelined (see `TrainConfig::pipeline_buckets`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum PipelineBuckets {
+    /// On when the ranks span more than one host, off on one host (threads, or mpi/nccl ranks
+    /// sharing a machine), where a collective is a memory copy with no wire time to hide and
+    /// the helper thread's hand-offs cost more than they hide.
+    Auto,
+    /// Always pipelined.
+    On,
+    /// Never: every bucket blocks, then one optimizer step.
+    Off,
+}
+
 /// Gradient compression applied around the hook.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
@@ -143,6 +157,11 @@ pub struct TrainConfig {
     /// After warmup, keep all-reducing gradients within the subgroup (PyTorch's
     /// `post_local_gradient_allreduce`).
     pub post_local_allreduce: bool,
+    /// Pipeline the gradient buckets (ddp, and the warmup of post-local-sgd / hierarchical):
+    /// start every bucket's average non-blocking and step each bucket's parameters as soon as
+    /// its average arrives. Same numbers either way; with `compression` buckets run the blocking
+    /// way.
+    pub pipeline_buckets: PipelineBuckets,
     /// Gradient bucket cap in MiB (buckets after the first).
     pub bucket_cap_mb: f64,
     /// First gradient bucket cap in MiB.
@@ -216,6 +235,7 @@ impl Default for TrainConfig {
             levels: String::new(),
             subgroup_size: None,
             post_local_allreduce: false,
+            pipeline_buckets: PipelineBuckets::Auto,
             bucket_cap_mb: 25.0,
             first_bucket_mb: 1.0,
             compression: Compression::None,

@@ -50,6 +50,7 @@
 //!     warmup: 0,
 //!     log_every: 0,
 //!     compressed: false,
+//!     pipelined: true,
 //! };
 //! let ddp = predict(&Algorithm::Ddp, &work, &cluster).unwrap();
 //! let pl = predict(&Algorithm::Periodic { period: 4, gradient_warmup: true, overlap: 0 }, &work, &cluster).unwrap();
@@ -206,6 +207,10 @@ pub struct Workload {
     pub log_every: u64,
     /// Gradients travel as fp16/bf16 (half the bytes).
     pub compressed: bool,
+    /// Gradients are averaged by the pipelined reducer (`pipeline-buckets`, the binary's
+    /// default; not with compression): the first iteration that averages gradients also
+    /// creates its non-blocking communicator (one 8-byte control collective).
+    pub pipelined: bool,
 }
 
 /// The algorithms the model knows.
@@ -294,6 +299,7 @@ pub struct Schedule {
     warmup: u64,
     log_every: u64,
     compressed: bool,
+    pipelined: bool,
 }
 
 impl Schedule {
@@ -360,6 +366,7 @@ impl Schedule {
             warmup: work.warmup,
             log_every: work.log_every,
             compressed: work.compressed,
+            pipelined: work.pipelined,
         })
     }
 
@@ -376,6 +383,15 @@ impl Schedule {
             overlapped: false,
         }];
         let gradients = |out: &mut Vec<Collective>| {
+            // Gradients are first averaged in iteration 0 whenever they are averaged at all.
+            if self.pipelined && !self.compressed && w > 1 && i == 0 {
+                out.push(Collective {
+                    group: w,
+                    bytes: 8,
+                    data: false,
+                    overlapped: false,
+                });
+            }
             out.push(Collective {
                 group: w,
                 bytes: grad_bytes,
@@ -708,6 +724,7 @@ mod tests {
             warmup: 0,
             log_every: 0,
             compressed: false,
+            pipelined: false,
         }
     }
 
@@ -740,6 +757,23 @@ mod tests {
         close(p.wire_bytes, 4.8e6);
         close(p.wire_s, wire);
         close(p.lower_bound_s, wire);
+    }
+
+    #[test]
+    fn pipelined_gradient_sync_creates_its_communicator_in_iteration_zero() {
+        let pipelined = |compressed| Workload {
+            pipelined: true,
+            compressed,
+            ..work(1000, 1e-3)
+        };
+        let s = Schedule::new(&Algorithm::Ddp, 2, &pipelined(false)).unwrap();
+        assert_eq!(s.payload(0), (8 + 8 + 4000, 4000));
+        assert_eq!(s.payload(1), (8 + 4000, 4000));
+        // One rank needs no helper; compressed gradients run bucket by bucket.
+        let one = Schedule::new(&Algorithm::Ddp, 1, &pipelined(false)).unwrap();
+        assert_eq!(one.payload(0), (8 + 4000, 4000));
+        let half = Schedule::new(&Algorithm::Ddp, 2, &pipelined(true)).unwrap();
+        assert_eq!(half.payload(0), (8 + 2000, 2000));
     }
 
     #[test]

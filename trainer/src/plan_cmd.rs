@@ -90,6 +90,10 @@ pub(crate) struct PlanFlags {
     /// Gradient compression.
     #[arg(long, value_enum, default_value = "none")]
     compression: Compression,
+    /// Pipelined gradient sync (true: the binary's `--pipeline-buckets on`, or `auto` with ranks
+    /// on more than one host; false: `off`, or `auto` on one host).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pipeline_buckets: bool,
     /// Target share of communication in a steady iteration, for the recommended period.
     #[arg(long, default_value_t = 0.1)]
     target_comm_share: f64,
@@ -217,6 +221,7 @@ pub(crate) fn run(flags: &PlanFlags) -> Result<()> {
         warmup: flags.warmup,
         log_every: flags.log_every,
         compressed: flags.compression != Compression::None,
+        pipelined: flags.pipeline_buckets,
     };
     if flags.algorithms.is_empty() {
         bail!(

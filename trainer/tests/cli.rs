@@ -320,16 +320,36 @@ fn eval_every_writes_eval_csv_at_multiples_and_the_end() {
 #[test]
 fn plan_payload_matches_the_metrics_of_a_real_run_exactly() {
     let dir = tempfile::tempdir().unwrap();
-    for (name, algorithm, extra) in [
-        ("ddp", "ddp", vec![]),
-        ("post-local-sgd", "post-local-sgd", vec!["--period", "4"]),
-        ("local-sgd", "local-sgd", vec!["--period", "3"]),
-        ("hierarchical", "hierarchical", vec!["--levels", "2:2,4:4"]),
+    for (name, algorithm, extra, pipelined) in [
+        ("ddp", "ddp", vec![], false),
+        (
+            "post-local-sgd",
+            "post-local-sgd",
+            vec!["--period", "4"],
+            false,
+        ),
+        ("local-sgd", "local-sgd", vec!["--period", "3"], false),
+        (
+            "hierarchical",
+            "hierarchical",
+            vec!["--levels", "2:2,4:4"],
+            false,
+        ),
         // Overlapped: the same bytes at the same iterations, plus the helper's communicator.
         (
             "overlapped",
             "post-local-sgd",
             vec!["--period", "4", "--overlap", "2"],
+            false,
+        ),
+        // Pipelined gradient sync (threads default to blocking): the same bytes, plus the
+        // non-blocking communicator created in iteration 0.
+        ("ddp-pipelined", "ddp", vec![], true),
+        (
+            "post-local-pipelined",
+            "post-local-sgd",
+            vec!["--period", "4"],
+            true,
         ),
     ] {
         let workers = if algorithm == "hierarchical" {
@@ -352,6 +372,7 @@ fn plan_payload_matches_the_metrics_of_a_real_run_exactly() {
         common.extend(&extra);
         let mut args = vec!["train", "--workers", workers, "--progress", "false"];
         args.extend(["--run-dir", run.to_str().unwrap()]);
+        args.extend(["--pipeline-buckets", if pipelined { "on" } else { "auto" }]);
         args.extend(&common);
         ok(&localsgd(&args));
         let json = dir.path().join(format!("{name}.json"));
@@ -361,6 +382,8 @@ fn plan_payload_matches_the_metrics_of_a_real_run_exactly() {
             workers,
             "--json",
             json.to_str().unwrap(),
+            "--pipeline-buckets",
+            if pipelined { "true" } else { "false" },
         ]);
         plan.extend(&common);
         ok(&localsgd(&plan));

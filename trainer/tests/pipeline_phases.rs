@@ -3,7 +3,7 @@
 use burn::tensor::{Device, Int, Tensor};
 use localsgd_comm::ThreadWorld;
 use localsgd_trainer::algorithm::{AlgorithmSpec, build};
-use localsgd_trainer::config::{AlgorithmKind, Compression};
+use localsgd_trainer::config::{AlgorithmKind, Compression, PipelineBuckets};
 use localsgd_trainer::data::{Dataset, synthetic};
 use localsgd_trainer::model::{Mlp, MlpConfig};
 use localsgd_trainer::pipeline::{
@@ -15,7 +15,16 @@ use std::sync::{Arc, Mutex};
 type Batch = (Tensor<2>, Tensor<1, Int>);
 
 fn spec(kind: AlgorithmKind) -> AlgorithmSpec {
+    pipelined_spec(kind, true)
+}
+
+fn pipelined_spec(kind: AlgorithmKind, pipelined: bool) -> AlgorithmSpec {
     AlgorithmSpec {
+        pipeline_buckets: if pipelined {
+            PipelineBuckets::On
+        } else {
+            PipelineBuckets::Off
+        },
         kind,
         warmup: 2,
         period: Some(2),
@@ -23,7 +32,11 @@ fn spec(kind: AlgorithmKind) -> AlgorithmSpec {
         levels: vec![(2, 2)],
         subgroup_size: None,
         post_local_allreduce: true,
-        caps: Default::default(),
+        // Small caps: several buckets, so pipelining has something to overlap.
+        caps: localsgd_hooks::BucketCaps {
+            first_bytes: 16,
+            rest_bytes: 32,
+        },
         compression: Compression::None,
     }
 }
@@ -58,8 +71,22 @@ fn pipeline(
     kind: AlgorithmKind,
     opts: PipelineOptions,
 ) -> Pipeline<Mlp> {
-    let parts = build(&spec(kind), &group).unwrap();
-    let mut p = Pipeline::new(group, burn::optim::SgdConfig::new().init(), opts);
+    pipeline_with(
+        group,
+        spec(kind),
+        burn::optim::SgdConfig::new().init(),
+        opts,
+    )
+}
+
+fn pipeline_with(
+    group: localsgd_comm::Group,
+    spec: AlgorithmSpec,
+    optimizer: burn::optim::ModuleOptimizer,
+    opts: PipelineOptions,
+) -> Pipeline<Mlp> {
+    let parts = build(&spec, &group).unwrap();
+    let mut p = Pipeline::new(group, optimizer, opts);
     if let Some((hook, reducer)) = parts.sync {
         p = p.with_gradient_sync(hook, reducer);
     }
@@ -306,4 +333,94 @@ fn post_local_sgd_without_a_period_is_an_error_naming_it() {
         "{msg}"
     );
     assert!(msg.contains("period"), "{msg}");
+}
+
+/// Pipelined gradient sync (the default) gives the blocking pipeline's parameters to the bit,
+/// issues the same collectives in the same phases, and books its waits as gradient-sync time.
+#[test]
+fn pipelined_gradient_sync_matches_blocking_in_the_pipeline() {
+    let d = data();
+    for kind in [AlgorithmKind::Ddp, AlgorithmKind::PostLocalSgd] {
+        let out = ThreadWorld::new(2)
+            .unwrap()
+            .run(|g| {
+                let mut runs = Vec::new();
+                for pipelined in [false, true] {
+                    let device = Device::flex().autodiff();
+                    let log = Arc::new(Mutex::new(Vec::new()));
+                    let sink = log.clone();
+                    let momentum = burn::optim::momentum::MomentumConfig {
+                        momentum: 0.9,
+                        dampening: 0.0,
+                        nesterov: false,
+                    };
+                    let optim = burn::optim::SgdConfig::new()
+                        .with_momentum(Some(momentum))
+                        .init();
+                    let mut p = pipeline_with(
+                        g.clone(),
+                        pipelined_spec(kind, pipelined),
+                        optim,
+                        PipelineOptions::default(),
+                    )
+                    .with_observer(Box::new(move |phase, n| {
+                        sink.lock().unwrap().push((phase, n))
+                    }));
+                    let mut src = IterSource(batches(&d, g.rank(), 5, &device).into_iter());
+                    let mut m = model(&device);
+                    for _ in 0..5 {
+                        match p.run_iteration(m, &mut src, &loss).unwrap() {
+                            Outcome::Trained(next, _) => m = next,
+                            Outcome::EndOfData(_) => panic!("data ran out early"),
+                        }
+                    }
+                    let m = p.finish(m).unwrap();
+                    let flat = localsgd_comm::params::flatten_params(
+                        &m,
+                        &localsgd_comm::params::ParamSelection::All,
+                    )
+                    .unwrap();
+                    let log = log.lock().unwrap().clone();
+                    runs.push((flat.buffer, log));
+                }
+                runs
+            })
+            .unwrap();
+        let before = localsgd_comm::params::flatten_params(
+            &model(&Device::flex().autodiff()),
+            &localsgd_comm::params::ParamSelection::All,
+        )
+        .unwrap()
+        .buffer;
+        for (rank, runs) in out.iter().enumerate() {
+            assert_ne!(
+                runs[0].0, before,
+                "{kind:?}: training must move the parameters"
+            );
+            assert_eq!(
+                runs[0].0, runs[1].0,
+                "{kind:?} rank {rank}: parameters differ"
+            );
+            // The same collectives in the same phases, except the one that creates the
+            // non-blocking group: at the first pipelined iteration, and for post-local SGD
+            // again at its switch to the subgroup (warmup 2).
+            let (blocking, pipelined) = (&runs[0].1, &runs[1].1);
+            assert_eq!(blocking.len(), pipelined.len());
+            let mut extra = Vec::new();
+            for ((pb, nb), (pp, np)) in blocking.iter().zip(pipelined) {
+                assert_eq!(pb, pp);
+                if *pb == Phase::GradientSync {
+                    extra.push(np - nb);
+                } else {
+                    assert_eq!(nb, np, "{kind:?} rank {rank}: {pb} collectives differ");
+                }
+            }
+            let want = match kind {
+                AlgorithmKind::Ddp => vec![1, 0, 0, 0, 0],
+                _ => vec![1, 0, 1, 0, 0],
+            };
+            assert_eq!(extra, want, "{kind:?} rank {rank}");
+        }
+        assert_eq!(out[0][1].0, out[1][1].0, "{kind:?}: ranks differ");
+    }
 }

@@ -21,8 +21,8 @@ use burn::tensor::Tensor;
 use localsgd_averagers::{AverageParameters, AveragerState, ModelAverager, PendingAverage};
 use localsgd_comm::params::{FlatBuffer, ParamSelection, flatten_grads};
 use localsgd_comm::{Group, GroupExt, ReduceOp, Traffic};
-use localsgd_hooks::{CommHook, GradientReducer, HookState};
-use std::time::Instant;
+use localsgd_hooks::{CommHook, GradientReducer, HookState, InFlightGrads};
+use std::time::{Duration, Instant};
 
 /// Knobs of the pipeline itself (the algorithm lives in the hook and averager).
 #[derive(Debug, Clone, PartialEq)]
@@ -273,10 +273,12 @@ impl<M: Module> Pipeline<M> {
         let mut batch: Option<B> = None;
         let mut loss_value = 0f32;
         let mut grads: Option<GradientsParams> = None;
+        let mut in_flight: Option<InFlightGrads> = None;
         let mut selection: Option<ParamSelection> = None;
         let mut skipped_step = false;
         let mut global_loss = None;
 
+        let mut waiting_total = Duration::ZERO;
         for phase in ITERATION_ORDER {
             let started = Instant::now();
             let collectives_before = self.group.traffic().collectives;
@@ -312,28 +314,64 @@ impl<M: Module> Pipeline<M> {
                     if let Some(sync) = &mut self.sync
                         && let Some(g) = grads.take()
                     {
-                        grads = Some(sync.reducer.reduce(&m, g, &mut *sync.hook)?);
+                        in_flight = Some(sync.reducer.start(&m, g, &mut *sync.hook)?);
                     }
                     m
                 }
                 Phase::OptimizerStep => {
-                    let g = grads.take().unwrap_or_default();
                     // The averager averages "parameters that had a gradient this step": note
                     // them before the optimizer consumes the gradients, but only when an
                     // averaging is due (the check is free otherwise).
-                    if self
+                    let note_selection = self
                         .averager
                         .as_ref()
-                        .is_some_and(|a| a.scheduled_group().is_some())
-                    {
-                        selection = Some(ParamSelection::with_grads(&m, &g));
-                    }
-                    if self.options.skip_non_finite && !grads_finite(&m, &g)? {
-                        skipped_step = true;
-                        self.skipped_steps += 1;
-                        m
-                    } else {
-                        self.optimizer.step(self.options.lr, m, g)
+                        .is_some_and(|a| a.scheduled_group().is_some());
+                    match in_flight.take() {
+                        // Pipelined gradient sync: step each bucket's parameters as soon as its
+                        // average arrives (the same result as one step over all of them). The
+                        // time spent waiting for the wire is gradient-sync time.
+                        Some(mut parts)
+                            if parts.is_pipelined() && !self.options.skip_non_finite =>
+                        {
+                            if note_selection {
+                                selection = Some(parts.selection(&m));
+                            }
+                            let mut m = m;
+                            loop {
+                                let waiting = Instant::now();
+                                let Some(g) = parts.next_part(&m)? else {
+                                    break;
+                                };
+                                let waited = waiting.elapsed();
+                                times.add(Phase::GradientSync, waited);
+                                waiting_total += waited;
+                                m = self.optimizer.step(self.options.lr, m, g);
+                            }
+                            m
+                        }
+                        parts => {
+                            let g = match parts {
+                                Some(parts) => {
+                                    let waiting = Instant::now();
+                                    let g = parts.wait_all(&m)?;
+                                    let waited = waiting.elapsed();
+                                    times.add(Phase::GradientSync, waited);
+                                    waiting_total += waited;
+                                    g
+                                }
+                                None => grads.take().unwrap_or_default(),
+                            };
+                            if note_selection {
+                                selection = Some(ParamSelection::with_grads(&m, &g));
+                            }
+                            if self.options.skip_non_finite && !grads_finite(&m, &g)? {
+                                skipped_step = true;
+                                self.skipped_steps += 1;
+                                m
+                            } else {
+                                self.optimizer.step(self.options.lr, m, g)
+                            }
+                        }
                     }
                 }
                 Phase::ModelAveraging => match &mut self.averager {
@@ -383,7 +421,10 @@ impl<M: Module> Pipeline<M> {
                 }
             };
             model = Some(m);
-            times.add(phase, started.elapsed());
+            // Waiting for in-flight gradients inside the optimizer phase was booked as
+            // gradient-sync time above.
+            times.add(phase, started.elapsed().saturating_sub(waiting_total));
+            waiting_total = Duration::ZERO;
             self.observe(phase, collectives_before);
         }
 
@@ -413,9 +454,12 @@ impl<M: Module> Pipeline<M> {
     }
 
     /// End training: apply an overlapped average still in flight (every rank, at the same
-    /// iteration), so the returned model includes it. Call once after the last iteration; a
-    /// no-op without overlap.
+    /// iteration), so the returned model includes it, and stop the pipelined gradient sync's
+    /// helper (an error if a collective was left pending). Call once after the last iteration.
     pub fn finish(&mut self, model: M) -> Result<M, PipelineError> {
+        if let Some(sync) = &mut self.sync {
+            sync.reducer.close()?;
+        }
         match &mut self.averager {
             Some(averager) => Ok(averager.complete_pending(model)?),
             None => Ok(model),
