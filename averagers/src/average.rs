@@ -48,6 +48,34 @@ pub fn average_in_group<M: Module>(
     Ok(write_params(module, &flat)?)
 }
 
+/// Overwrite `selection`'s tensors of `module` on every rank of `group` with those of group
+/// rank `root` (PyTorch DDP's construction-time broadcast of rank 0's parameters and buffers,
+/// and its per-iteration `broadcast_buffers`): one fused broadcast of the flat buffer, after
+/// the same layout agreement check as [`average_in_group`] (ranks whose models differ in shape
+/// get [`AveragerError::ParameterSetMismatch`] instead of a silently mixed model). A group of
+/// one rank, or an empty selection, is a no-op without communication. Values arrive bit for bit;
+/// every rank keeps its own `ParamId`s, dtype, device and `require_grad`.
+pub fn broadcast_in_group<M: Module>(
+    module: M,
+    selection: &ParamSelection,
+    group: &Group,
+    root: usize,
+) -> Result<M, AveragerError> {
+    if group.size() == 1 {
+        return Ok(module);
+    }
+    let mut flat = flatten_params(&module, selection)?;
+    if flat.layout.is_empty() {
+        return Ok(module);
+    }
+    check_agreement(group, &flat)?;
+    match &mut flat.buffer {
+        FlatBuffer::F32(v) => group.broadcast_slice(v, root)?,
+        FlatBuffer::F64(v) => group.broadcast_slice(v, root)?,
+    }
+    Ok(write_params(module, &flat)?)
+}
+
 /// [`average_in_group`] for a group this rank may not belong to: `None` (this rank is not a
 /// member, see [`new_group`](crate::new_group)) returns `module` unchanged without communicating,
 /// as the reference's `average` does for non-members.

@@ -67,7 +67,7 @@ pub mod overlap;
 pub mod periodic;
 pub mod state;
 
-pub use average::{average_if_member, average_in_group};
+pub use average::{average_if_member, average_in_group, broadcast_in_group};
 pub use averager::{AverageParameters, ModelAverager};
 pub use error::{AveragerError, RankParams};
 pub use group::new_group;

@@ -45,6 +45,30 @@ impl ParamSelection {
         ParamSelection::Ids(v.ids)
     }
 
+    /// The float tensors of `module` that do not require a gradient: buffers such as burn's
+    /// `RunningState` (BatchNorm's running statistics), and frozen parameters. PyTorch's
+    /// `module.buffers()` without the frozen parameters; taking rank 0's frozen parameters is a
+    /// no-op once the replicas started equal.
+    pub fn buffers<M: Module>(module: &M) -> Self {
+        struct V(HashSet<ParamId>);
+        impl ModuleVisitor for V {
+            fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
+                if !p.val().is_require_grad() {
+                    self.0.insert(p.id);
+                }
+            }
+        }
+        let mut v = V(HashSet::new());
+        module.visit(&mut v);
+        ParamSelection::Ids(v.0)
+    }
+
+    /// Whether nothing can be selected (an empty id set; `All` may still select nothing on a
+    /// module without float tensors).
+    pub fn is_empty(&self) -> bool {
+        matches!(self, ParamSelection::Ids(ids) if ids.is_empty())
+    }
+
     /// Select exactly these ids.
     pub fn ids(ids: impl IntoIterator<Item = ParamId>) -> Self {
         ParamSelection::Ids(ids.into_iter().collect())

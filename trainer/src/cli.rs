@@ -5,6 +5,7 @@ use crate::config::{
     AlgorithmKind, Backend, Compression, DatasetKind, DeviceKind, MetricsFormat, OptimizerKind,
     PipelineBuckets, TrainConfig,
 };
+use crate::pipeline::BufferPolicy;
 use std::path::PathBuf;
 
 /// Layer widths as given on the command line: comma-separated, `""` for none.
@@ -64,6 +65,13 @@ pub struct ConfigFlags {
     /// Keep all-reducing gradients in the subgroup after warmup (true/false).
     #[arg(long)]
     pub post_local_allreduce: Option<bool>,
+    /// Give every rank rank 0's parameters and buffers before the first iteration (true/false).
+    #[arg(long)]
+    pub broadcast_start: Option<bool>,
+    /// Buffers (BatchNorm statistics): broadcast from rank 0 every iteration, average at
+    /// averaging steps, or local.
+    #[arg(long, value_enum)]
+    pub buffers: Option<BufferPolicy>,
     /// Pipeline gradient buckets: non-blocking bucket averages, the optimizer stepped per
     /// bucket (auto: when the ranks span more than one host).
     #[arg(long, value_enum)]
@@ -196,6 +204,8 @@ impl ConfigFlags {
             overlap,
             levels,
             post_local_allreduce,
+            broadcast_start,
+            buffers,
             pipeline_buckets,
             bucket_cap_mb,
             first_bucket_mb,

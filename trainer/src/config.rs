@@ -1,6 +1,7 @@
 //! The run configuration: one struct, read from a TOML file (`--config run.toml`), overridden by
 //! command-line flags of the same names, validated before anything is written.
 
+pub use crate::pipeline::BufferPolicy;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -157,6 +158,12 @@ pub struct TrainConfig {
     /// After warmup, keep all-reducing gradients within the subgroup (PyTorch's
     /// `post_local_gradient_allreduce`).
     pub post_local_allreduce: bool,
+    /// Give every rank rank 0's parameters and buffers before the first iteration of a fresh
+    /// run (PyTorch DDP's construction-time broadcast). Not on resume.
+    pub broadcast_start: bool,
+    /// Buffers (BatchNorm running statistics, frozen parameters): `broadcast` from rank 0 every
+    /// iteration (DDP's `broadcast_buffers=True`), `average` at averaging steps, or `local`.
+    pub buffers: BufferPolicy,
     /// Pipeline the gradient buckets (ddp, and the warmup of post-local-sgd / hierarchical):
     /// start every bucket's average non-blocking and step each bucket's parameters as soon as
     /// its average arrives. Same numbers either way; with `compression` buckets run the blocking
@@ -235,6 +242,8 @@ impl Default for TrainConfig {
             levels: String::new(),
             subgroup_size: None,
             post_local_allreduce: false,
+            broadcast_start: true,
+            buffers: BufferPolicy::Broadcast,
             pipeline_buckets: PipelineBuckets::Auto,
             bucket_cap_mb: 25.0,
             first_bucket_mb: 1.0,

@@ -351,6 +351,8 @@ pub fn train_worker(
         skip_non_finite: cfg.skip_non_finite,
         metrics_every: cfg.log_every,
         checkpoint_every: cfg.checkpoint_every,
+        broadcast_start: cfg.broadcast_start,
+        buffers: cfg.buffers,
     };
     let mut pipeline = Pipeline::new(group.clone(), optimizer(cfg), options);
     if let Some((hook, reducer)) = parts.sync {

@@ -18,7 +18,10 @@ pub use source::{BatchSource, DataPosition, IterSource};
 use burn::module::Module;
 use burn::optim::{GradientsParams, ModuleOptimizer};
 use burn::tensor::Tensor;
-use localsgd_averagers::{AverageParameters, AveragerState, ModelAverager, PendingAverage};
+use localsgd_averagers::{
+    AverageParameters, AveragerState, ModelAverager, PendingAverage, average_in_group,
+    broadcast_in_group,
+};
 use localsgd_comm::params::{FlatBuffer, ParamSelection, flatten_grads};
 use localsgd_comm::{Group, GroupExt, ReduceOp, Traffic};
 use localsgd_hooks::{CommHook, GradientReducer, HookState, InFlightGrads};
@@ -36,6 +39,14 @@ pub struct PipelineOptions {
     pub metrics_every: u64,
     /// Call the checkpointer every this many iterations (0: never).
     pub checkpoint_every: u64,
+    /// Before the first iteration of a fresh run (not a resumed one), give every rank rank 0's
+    /// parameters and buffers, as PyTorch's `DistributedDataParallel(model)` does at
+    /// construction: replicas initialised differently (burn draws fresh weights per process)
+    /// start equal. Default `true`.
+    pub broadcast_start: bool,
+    /// What happens to buffers (float tensors without gradients, e.g. BatchNorm's running
+    /// statistics) during training. Default [`BufferPolicy::Broadcast`], DDP's.
+    pub buffers: BufferPolicy,
 }
 
 impl Default for PipelineOptions {
@@ -45,8 +56,39 @@ impl Default for PipelineOptions {
             skip_non_finite: false,
             metrics_every: 0,
             checkpoint_every: 0,
+            broadcast_start: true,
+            buffers: BufferPolicy::Broadcast,
         }
     }
+}
+
+/// The buffer policy of [`PipelineOptions::buffers`]. Buffers are the float tensors that do not
+/// require a gradient ([`ParamSelection::buffers`]): burn's `RunningState` (BatchNorm's running
+/// mean and variance) and frozen parameters. A model without any costs nothing whatever the
+/// policy.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum BufferPolicy {
+    /// Every iteration, before the forward pass, every rank takes rank 0's buffers (one fused
+    /// broadcast in the `AgreeHasData` phase): PyTorch DDP's default `broadcast_buffers=True`.
+    #[default]
+    Broadcast,
+    /// At every averaging step, after the parameters, the buffers are averaged over the same
+    /// group (one fused all-reduce in the `ModelAveraging` phase). PyTorch's averagers average
+    /// parameters only: this is ours, for local SGD with BatchNorm.
+    Average,
+    /// Never communicated: each rank keeps its own statistics.
+    Local,
 }
 
 /// What one completed iteration did.
@@ -125,6 +167,8 @@ pub struct Pipeline<M> {
     options: PipelineOptions,
     iteration: u64,
     skipped_steps: u64,
+    /// The start broadcast is still to run (fresh run with `broadcast_start`).
+    start_pending: bool,
     times: PhaseTimes,
     checkpointer: Option<Checkpointer<M>>,
     observer: Option<PhaseObserver>,
@@ -134,6 +178,7 @@ impl<M: Module> Pipeline<M> {
     /// A pipeline on `group` with `optimizer`, no gradient sync and no averaging (add them with
     /// [`with_gradient_sync`](Self::with_gradient_sync) and [`with_averager`](Self::with_averager)).
     pub fn new(group: Group, optimizer: ModuleOptimizer, options: PipelineOptions) -> Self {
+        let broadcast_start = options.broadcast_start;
         Self {
             group,
             optimizer,
@@ -142,6 +187,7 @@ impl<M: Module> Pipeline<M> {
             options,
             iteration: 0,
             skipped_steps: 0,
+            start_pending: broadcast_start,
             times: PhaseTimes::default(),
             checkpointer: None,
             observer: None,
@@ -257,6 +303,9 @@ impl<M: Module> Pipeline<M> {
         self.optimizer = optimizer;
         self.iteration = iterations_done;
         self.skipped_steps = skipped_steps;
+        // A resumed run continues from each rank's own saved state (local SGD replicas differ
+        // legitimately between averages): no start broadcast.
+        self.start_pending = false;
         Ok(())
     }
 
@@ -267,6 +316,19 @@ impl<M: Module> Pipeline<M> {
         source: &mut dyn BatchSource<B>,
         loss_fn: &dyn Fn(&M, &B) -> Tensor<1>,
     ) -> Result<Outcome<M>, PipelineError> {
+        // Setup, not part of iteration 0's counters (like creating subgroups).
+        let model = if self.start_pending {
+            let m = broadcast_in_group(
+                settle_if_buffers(model),
+                &ParamSelection::All,
+                &self.group,
+                0,
+            )?;
+            self.start_pending = false;
+            m
+        } else {
+            model
+        };
         let traffic_start = self.group.traffic();
         let mut times = PhaseTimes::default();
         let mut model = Some(model);
@@ -299,7 +361,16 @@ impl<M: Module> Pipeline<M> {
                         self.observe(phase, collectives_before);
                         return Ok(Outcome::EndOfData(m));
                     }
-                    m
+                    if self.options.buffers == BufferPolicy::Broadcast {
+                        let buffers = ParamSelection::buffers(&m);
+                        if buffers.is_empty() {
+                            m
+                        } else {
+                            broadcast_in_group(settle_buffers(m), &buffers, &self.group, 0)?
+                        }
+                    } else {
+                        m
+                    }
                 }
                 Phase::ForwardBackward => {
                     let b = batch
@@ -379,7 +450,22 @@ impl<M: Module> Pipeline<M> {
                         let sel = selection
                             .take()
                             .unwrap_or_else(|| ParamSelection::ids(std::iter::empty()));
-                        averager.average_parameters(m, &sel)?
+                        let buffers_group = match self.options.buffers {
+                            BufferPolicy::Average => averager.scheduled_group(),
+                            _ => None,
+                        };
+                        let m = averager.average_parameters(m, &sel)?;
+                        match buffers_group {
+                            Some(group) => {
+                                let buffers = ParamSelection::buffers(&m);
+                                if buffers.is_empty() {
+                                    m
+                                } else {
+                                    average_in_group(settle_buffers(m), &buffers, &group)?
+                                }
+                            }
+                            None => m,
+                        }
                     }
                     None => m,
                 },
@@ -396,10 +482,12 @@ impl<M: Module> Pipeline<M> {
                 }
                 Phase::Checkpoint => {
                     let every = self.options.checkpoint_every;
-                    if every > 0
+                    let due = every > 0
                         && (self.iteration + 1).is_multiple_of(every)
-                        && self.checkpointer.is_some()
-                    {
+                        && self.checkpointer.is_some();
+                    // Buffers are saved with the last forward's update.
+                    let m = if due { settle_if_buffers(m) } else { m };
+                    if due {
                         // A pending overlapped average is completed (not applied) and saved.
                         let pending_average = self.pending_average()?;
                         let ctx = CheckpointContext {
@@ -460,6 +548,7 @@ impl<M: Module> Pipeline<M> {
         if let Some(sync) = &mut self.sync {
             sync.reducer.close()?;
         }
+        let model = settle_if_buffers(model);
         match &mut self.averager {
             Some(averager) => Ok(averager.complete_pending(model)?),
             None => Ok(model),
@@ -471,6 +560,25 @@ impl<M: Module> Pipeline<M> {
             let issued = self.group.traffic().collectives - collectives_before;
             obs(phase, issued);
         }
+    }
+}
+
+/// Make the buffers' latest values visible to visitors and mappers. burn's `RunningState`
+/// (BatchNorm's running statistics) keeps a forward pass's update pending until the next
+/// forward reads it, and a visitor sees the value from before that update; worse, a value
+/// written by a mapper is then replaced by the pending update. `Module::train` applies pending
+/// updates and starts each state afresh (same id); on a training module it changes nothing
+/// else. A module without buffers is returned as is (callers check first).
+fn settle_buffers<M: Module>(model: M) -> M {
+    model.train()
+}
+
+/// [`settle_buffers`] when the module has buffers.
+fn settle_if_buffers<M: Module>(model: M) -> M {
+    if ParamSelection::buffers(&model).is_empty() {
+        model
+    } else {
+        settle_buffers(model)
     }
 }
 
