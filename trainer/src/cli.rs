@@ -2,8 +2,8 @@
 //! TOML key. A flag overrides the file, which overrides the defaults.
 
 use crate::config::{
-    AlgorithmKind, Backend, Compression, DatasetKind, DeviceKind, MetricsFormat, OptimizerKind,
-    PipelineBuckets, TrainConfig,
+    AlgorithmKind, Backend, Compression, DatasetKind, DeviceKind, LrScheduleKind, MetricsFormat,
+    OptimizerKind, PipelineBuckets, TrainConfig,
 };
 use crate::pipeline::BufferPolicy;
 use std::path::PathBuf;
@@ -121,6 +121,30 @@ pub struct ConfigFlags {
     /// SGD momentum.
     #[arg(long, allow_negative_numbers = true)]
     pub momentum: Option<f64>,
+    /// Weight decay (unset: the optimizer's PyTorch default).
+    #[arg(long)]
+    pub weight_decay: Option<f64>,
+    /// Clip the gradients' global L2 norm (0: off).
+    #[arg(long)]
+    pub clip_grad_norm: Option<f64>,
+    /// Learning-rate schedule.
+    #[arg(long, value_enum)]
+    pub lr_schedule: Option<LrScheduleKind>,
+    /// Step schedule: iterations between decays.
+    #[arg(long)]
+    pub lr_step_size: Option<u64>,
+    /// Step schedule: decay factor.
+    #[arg(long)]
+    pub lr_gamma: Option<f64>,
+    /// Cosine schedule: final learning rate.
+    #[arg(long)]
+    pub lr_min: Option<f64>,
+    /// Linear warmup: iterations.
+    #[arg(long)]
+    pub lr_warmup_steps: Option<u64>,
+    /// Linear warmup: first iteration's factor.
+    #[arg(long)]
+    pub lr_warmup_start_factor: Option<f64>,
     /// Epochs.
     #[arg(long)]
     pub epochs: Option<u64>,
@@ -220,6 +244,13 @@ impl ConfigFlags {
             optimizer,
             lr,
             momentum,
+            clip_grad_norm,
+            lr_schedule,
+            lr_step_size,
+            lr_gamma,
+            lr_min,
+            lr_warmup_steps,
+            lr_warmup_start_factor,
             epochs,
             checkpoint_every,
             log_every,
@@ -237,6 +268,9 @@ impl ConfigFlags {
         }
         if let Some(v) = flags.subgroup_size {
             cfg.subgroup_size = Some(v);
+        }
+        if let Some(v) = flags.weight_decay {
+            cfg.weight_decay = Some(v);
         }
         if let Some(v) = &flags.data_dir {
             cfg.data_dir = Some(v.clone());

@@ -109,10 +109,27 @@ pub enum DatasetKind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum OptimizerKind {
-    /// SGD with (optional) momentum.
+    /// SGD with (optional) momentum; `weight-decay` is PyTorch's (L2 added to the gradient).
     Sgd,
-    /// Adam.
+    /// Adam with PyTorch's defaults (betas 0.9/0.999, eps 1e-8); `weight-decay` is L2 added to
+    /// the gradient, as `torch.optim.Adam`'s.
     Adam,
+    /// AdamW with PyTorch's defaults (betas 0.9/0.999, eps 1e-8, decoupled weight decay 0.01).
+    Adamw,
+}
+
+/// Learning-rate schedule of the binary (see [`LrSchedule`](crate::lr_schedule::LrSchedule)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum LrScheduleKind {
+    /// `lr` at every step.
+    Constant,
+    /// `StepLR(lr-step-size, lr-gamma)`.
+    Step,
+    /// `CosineAnnealingLR(T_max = the run's iterations, eta_min = lr-min)`.
+    Cosine,
+    /// `LinearLR(start_factor = lr-warmup-start-factor, total_iters = lr-warmup-steps)`.
+    LinearWarmup,
 }
 
 /// Format of the per-step metrics file.
@@ -199,6 +216,24 @@ pub struct TrainConfig {
     pub lr: f64,
     /// SGD momentum (0 disables it). Ignored by Adam.
     pub momentum: f64,
+    /// Weight decay; unset: the optimizer's PyTorch default (0 for sgd and adam, 0.01 for
+    /// adamw).
+    pub weight_decay: Option<f64>,
+    /// Clip the gradients' global L2 norm to this value before each optimizer step
+    /// (`clip_grad_norm_`); 0: no clipping.
+    pub clip_grad_norm: f64,
+    /// Learning-rate schedule, stepped once per iteration.
+    pub lr_schedule: LrScheduleKind,
+    /// `step`: iterations between decays.
+    pub lr_step_size: u64,
+    /// `step`: decay factor (PyTorch's default 0.1).
+    pub lr_gamma: f64,
+    /// `cosine`: the learning rate at the end of the run (PyTorch's `eta_min`, default 0).
+    pub lr_min: f64,
+    /// `linear-warmup`: warmup iterations (PyTorch's `total_iters`, default 5).
+    pub lr_warmup_steps: u64,
+    /// `linear-warmup`: the first iteration's factor (PyTorch's `start_factor`, default 1/3).
+    pub lr_warmup_start_factor: f64,
     /// Number of epochs.
     pub epochs: u64,
     /// Stop after this many iterations instead (overrides `epochs` when set).
@@ -260,6 +295,14 @@ impl Default for TrainConfig {
             optimizer: OptimizerKind::Sgd,
             lr: 0.1,
             momentum: 0.9,
+            weight_decay: None,
+            clip_grad_norm: 0.0,
+            lr_schedule: LrScheduleKind::Constant,
+            lr_step_size: 100,
+            lr_gamma: 0.1,
+            lr_min: 0.0,
+            lr_warmup_steps: 5,
+            lr_warmup_start_factor: 1.0 / 3.0,
             epochs: 30,
             steps: None,
             checkpoint_every: 0,
@@ -488,6 +531,41 @@ impl TrainConfig {
         }
         if !(0.0..1.0).contains(&self.momentum) {
             return Err(bad("momentum", self.momentum, "a value in [0, 1)"));
+        }
+        if let Some(wd) = self.weight_decay
+            && !(wd >= 0.0 && wd.is_finite())
+        {
+            return Err(bad("weight-decay", wd, "a finite value >= 0"));
+        }
+        if !(self.clip_grad_norm >= 0.0 && self.clip_grad_norm.is_finite()) {
+            return Err(bad(
+                "clip-grad-norm",
+                self.clip_grad_norm,
+                "a positive maximum norm, or 0 for no clipping",
+            ));
+        }
+        if self.lr_step_size == 0 {
+            return Err(bad("lr-step-size", 0, "at least 1 iteration"));
+        }
+        if !(self.lr_gamma > 0.0 && self.lr_gamma.is_finite()) {
+            return Err(bad("lr-gamma", self.lr_gamma, "a positive finite factor"));
+        }
+        if !(self.lr_min >= 0.0 && self.lr_min <= self.lr) {
+            return Err(bad(
+                "lr-min",
+                self.lr_min,
+                format!("a value in [0, lr = {}]", self.lr),
+            ));
+        }
+        if self.lr_warmup_steps == 0 {
+            return Err(bad("lr-warmup-steps", 0, "at least 1 iteration"));
+        }
+        if !(self.lr_warmup_start_factor > 0.0 && self.lr_warmup_start_factor <= 1.0) {
+            return Err(bad(
+                "lr-warmup-start-factor",
+                self.lr_warmup_start_factor,
+                "a factor in (0, 1]",
+            ));
         }
         if self.epochs == 0 && self.steps.is_none() {
             return Err(bad("epochs", 0, "at least 1 (or set `steps`)"));

@@ -3,9 +3,10 @@
 
 use crate::algorithm::{self, AlgorithmSpec};
 use crate::checkpoint::{CheckpointDir, CheckpointError, RankCheckpoint, RunIdentity};
-use crate::config::{DatasetKind, DeviceKind, OptimizerKind, TrainConfig};
+use crate::config::{DatasetKind, DeviceKind, LrScheduleKind, OptimizerKind, TrainConfig};
 use crate::data::{self, DataError, Dataset, ShardSampler, TrainTest};
 use crate::init_weights::{InitWeightsError, load_pytorch_safetensors};
+use crate::lr_schedule::LrSchedule;
 use crate::metrics::{EvalWriter, MetricsWriter};
 use crate::model::{Mlp, MlpConfig, ModelError};
 use crate::pipeline::{
@@ -13,8 +14,10 @@ use crate::pipeline::{
     PipelineOptions,
 };
 use burn::nn::loss::CrossEntropyLoss;
+use burn::optim::decay::WeightDecayConfig;
+use burn::optim::lr_scheduler::module_lr_scheduler::ModuleLrScheduler;
 use burn::optim::momentum::MomentumConfig;
-use burn::optim::{AdamConfig, ModuleOptimizer, SgdConfig};
+use burn::optim::{AdamConfig, AdamWConfig, ModuleOptimizer, SgdConfig};
 use burn::tensor::{Device, Int, Tensor};
 use localsgd_comm::params::{FlatBuffer, ParamSelection, flatten_params, write_params};
 use localsgd_comm::{CommError, Group, GroupExt, Traffic};
@@ -190,8 +193,15 @@ pub fn run_identity(spec: &AlgorithmSpec, world: usize) -> RunIdentity {
     }
 }
 
-/// The optimizer of a configuration.
+/// The optimizer of a configuration, with PyTorch's defaults: SGD without dampening or
+/// Nesterov, Adam / AdamW with eps 1e-8 (burn's default is 1e-5) and betas 0.9 / 0.999; weight
+/// decay as PyTorch applies it (L2 added to the gradient for sgd and adam, decoupled for adamw,
+/// whose default is 0.01).
 pub fn optimizer(cfg: &TrainConfig) -> ModuleOptimizer {
+    let coupled = cfg
+        .weight_decay
+        .filter(|&wd| wd > 0.0)
+        .map(|wd| WeightDecayConfig::new(wd as f32));
     match cfg.optimizer {
         OptimizerKind::Sgd => SgdConfig::new()
             .with_momentum((cfg.momentum > 0.0).then_some(MomentumConfig {
@@ -199,8 +209,38 @@ pub fn optimizer(cfg: &TrainConfig) -> ModuleOptimizer {
                 dampening: 0.0,
                 nesterov: false,
             }))
+            .with_weight_decay(coupled)
             .init(),
-        OptimizerKind::Adam => AdamConfig::new().init(),
+        OptimizerKind::Adam => AdamConfig::new()
+            .with_epsilon(1e-8)
+            .with_weight_decay(coupled)
+            .init(),
+        OptimizerKind::Adamw => AdamWConfig::new()
+            .with_epsilon(1e-8)
+            .with_weight_decay(cfg.weight_decay.unwrap_or(0.01) as f32)
+            .init(),
+    }
+}
+
+/// The learning-rate schedule of a configuration over a run of `iterations` iterations.
+pub fn lr_schedule(cfg: &TrainConfig, iterations: u64) -> LrSchedule {
+    match cfg.lr_schedule {
+        LrScheduleKind::Constant => LrSchedule::Constant { base: cfg.lr },
+        LrScheduleKind::Step => LrSchedule::Step {
+            base: cfg.lr,
+            step_size: cfg.lr_step_size,
+            gamma: cfg.lr_gamma,
+        },
+        LrScheduleKind::Cosine => LrSchedule::Cosine {
+            base: cfg.lr,
+            t_max: iterations.max(1),
+            min: cfg.lr_min,
+        },
+        LrScheduleKind::LinearWarmup => LrSchedule::LinearWarmup {
+            base: cfg.lr,
+            start_factor: cfg.lr_warmup_start_factor,
+            steps: cfg.lr_warmup_steps,
+        },
     }
 }
 
@@ -353,6 +393,7 @@ pub fn train_worker(
         checkpoint_every: cfg.checkpoint_every,
         broadcast_start: cfg.broadcast_start,
         buffers: cfg.buffers,
+        clip_grad_norm: (cfg.clip_grad_norm > 0.0).then_some(cfg.clip_grad_norm),
     };
     let mut pipeline = Pipeline::new(group.clone(), optimizer(cfg), options);
     if let Some((hook, reducer)) = parts.sync {
@@ -398,6 +439,8 @@ pub fn train_worker(
     let mut loader = ShardLoader::new(train, sampler, cfg.batch_size, device.clone(), position)?;
     let per_epoch = loader.batches_per_epoch() as u64;
     let total = cfg.steps.unwrap_or(per_epoch * cfg.epochs);
+    let mut pipeline =
+        pipeline.with_lr_scheduler(ModuleLrScheduler::new(lr_schedule(cfg, total).scheduler()));
 
     let mut metrics = match (rank, run_dir) {
         (0, Some(dir)) => Some(
@@ -434,7 +477,7 @@ pub fn train_worker(
                 if rank == 0 {
                     curve.push((report.iteration as f64, report.loss as f64));
                     if let Some(w) = &mut metrics {
-                        w.record(loader.epoch(), cfg.lr, &report)
+                        w.record(loader.epoch(), report.lr, &report)
                             .map_err(output_error("metrics"))?;
                     }
                     if let Some(p) = &mut progress {

@@ -16,13 +16,14 @@ pub use phase::{ITERATION_ORDER, Phase, PhaseTimes};
 pub use source::{BatchSource, DataPosition, IterSource};
 
 use burn::module::Module;
+use burn::optim::lr_scheduler::module_lr_scheduler::{ModuleLearningRate, ModuleLrScheduler};
 use burn::optim::{GradientsParams, ModuleOptimizer};
 use burn::tensor::Tensor;
 use localsgd_averagers::{
     AverageParameters, AveragerState, ModelAverager, PendingAverage, average_in_group,
     broadcast_in_group,
 };
-use localsgd_comm::params::{FlatBuffer, ParamSelection, flatten_grads};
+use localsgd_comm::params::{FlatBuffer, ParamSelection, flatten_grads, grads_from_flat};
 use localsgd_comm::{Group, GroupExt, ReduceOp, Traffic};
 use localsgd_hooks::{CommHook, GradientReducer, HookState, InFlightGrads};
 use std::time::{Duration, Instant};
@@ -30,8 +31,15 @@ use std::time::{Duration, Instant};
 /// Knobs of the pipeline itself (the algorithm lives in the hook and averager).
 #[derive(Debug, Clone, PartialEq)]
 pub struct PipelineOptions {
-    /// Learning rate passed to the optimizer.
+    /// Learning rate passed to the optimizer (without a scheduler; see
+    /// [`Pipeline::with_lr_scheduler`]).
     pub lr: f64,
+    /// Clip the gradients' global L2 norm (over all parameters, after gradient sync, before
+    /// the optimizer) to this value, as `torch.nn.utils.clip_grad_norm_(params, max_norm)`:
+    /// every gradient is multiplied by `min(1, max_norm / (norm + 1e-6))`. `None`: no clipping.
+    /// (burn's own `GradientClippingConfig::Norm` clips each tensor separately, which PyTorch
+    /// does not.)
+    pub clip_grad_norm: Option<f64>,
     /// Skip the optimizer step when a gradient is NaN or infinite (counted and reported). Model
     /// averaging still runs, so counters stay aligned on all ranks.
     pub skip_non_finite: bool,
@@ -58,6 +66,7 @@ impl Default for PipelineOptions {
             checkpoint_every: 0,
             broadcast_start: true,
             buffers: BufferPolicy::Broadcast,
+            clip_grad_norm: None,
         }
     }
 }
@@ -102,6 +111,8 @@ pub struct IterationReport {
     pub global_loss: Option<f64>,
     /// Whether the optimizer step was skipped (non-finite gradients).
     pub skipped_step: bool,
+    /// The learning rate of this iteration's optimizer step (the scheduler's, or the constant).
+    pub lr: f64,
     /// Wall time per phase in this iteration.
     pub times: PhaseTimes,
     /// Communication issued by this rank in this iteration (all groups).
@@ -162,6 +173,7 @@ pub struct GradientSync {
 pub struct Pipeline<M> {
     group: Group,
     optimizer: ModuleOptimizer,
+    lr_scheduler: Option<ModuleLrScheduler>,
     sync: Option<GradientSync>,
     averager: Option<Box<dyn ModelAverager>>,
     options: PipelineOptions,
@@ -182,6 +194,7 @@ impl<M: Module> Pipeline<M> {
         Self {
             group,
             optimizer,
+            lr_scheduler: None,
             sync: None,
             averager: None,
             options,
@@ -197,6 +210,20 @@ impl<M: Module> Pipeline<M> {
     /// Communicate gradients through `hook` (bucketed by `reducer`).
     pub fn with_gradient_sync(mut self, hook: Box<dyn CommHook>, reducer: GradientReducer) -> Self {
         self.sync = Some(GradientSync { hook, reducer });
+        self
+    }
+
+    /// Take each optimizer step's learning rate from `scheduler` (any burn scheduler, or a
+    /// [`LrSchedule`](crate::lr_schedule::LrSchedule)), stepped once per iteration, also when
+    /// the step is skipped for non-finite gradients, so the schedule follows the iteration count
+    /// on every rank. On a resumed pipeline (before or after [`restore`](Self::restore)) the
+    /// scheduler is replayed to the restored iteration: exact for schedules that depend on the
+    /// step count alone, as all of burn's and ours do.
+    pub fn with_lr_scheduler(mut self, mut scheduler: ModuleLrScheduler) -> Self {
+        for _ in 0..self.iteration {
+            scheduler.step();
+        }
+        self.lr_scheduler = Some(scheduler);
         self
     }
 
@@ -301,6 +328,11 @@ impl<M: Module> Pipeline<M> {
             }
         }
         self.optimizer = optimizer;
+        if let Some(scheduler) = &mut self.lr_scheduler {
+            for _ in 0..iterations_done {
+                scheduler.step();
+            }
+        }
         self.iteration = iterations_done;
         self.skipped_steps = skipped_steps;
         // A resumed run continues from each rank's own saved state (local SGD replicas differ
@@ -339,6 +371,7 @@ impl<M: Module> Pipeline<M> {
         let mut selection: Option<ParamSelection> = None;
         let mut skipped_step = false;
         let mut global_loss = None;
+        let mut lr_used = self.options.lr;
 
         let mut waiting_total = Duration::ZERO;
         for phase in ITERATION_ORDER {
@@ -390,6 +423,11 @@ impl<M: Module> Pipeline<M> {
                     m
                 }
                 Phase::OptimizerStep => {
+                    let lr = match &mut self.lr_scheduler {
+                        Some(s) => s.step(),
+                        None => ModuleLearningRate::from(self.options.lr),
+                    };
+                    lr_used = lr.base();
                     // The averager averages "parameters that had a gradient this step": note
                     // them before the optimizer consumes the gradients, but only when an
                     // averaging is due (the check is free otherwise).
@@ -402,7 +440,9 @@ impl<M: Module> Pipeline<M> {
                         // average arrives (the same result as one step over all of them). The
                         // time spent waiting for the wire is gradient-sync time.
                         Some(mut parts)
-                            if parts.is_pipelined() && !self.options.skip_non_finite =>
+                            if parts.is_pipelined()
+                                && !self.options.skip_non_finite
+                                && self.options.clip_grad_norm.is_none() =>
                         {
                             if note_selection {
                                 selection = Some(parts.selection(&m));
@@ -416,7 +456,7 @@ impl<M: Module> Pipeline<M> {
                                 let waited = waiting.elapsed();
                                 times.add(Phase::GradientSync, waited);
                                 waiting_total += waited;
-                                m = self.optimizer.step(self.options.lr, m, g);
+                                m = self.optimizer.step(lr.clone(), m, g);
                             }
                             m
                         }
@@ -440,7 +480,11 @@ impl<M: Module> Pipeline<M> {
                                 self.skipped_steps += 1;
                                 m
                             } else {
-                                self.optimizer.step(self.options.lr, m, g)
+                                let g = match self.options.clip_grad_norm {
+                                    Some(max_norm) => clip_grad_norm(&m, g, max_norm)?,
+                                    None => g,
+                                };
+                                self.optimizer.step(lr, m, g)
                             }
                         }
                     }
@@ -523,6 +567,7 @@ impl<M: Module> Pipeline<M> {
             loss: loss_value,
             global_loss,
             skipped_step,
+            lr: lr_used,
             times,
             traffic: self.group.traffic() - traffic_start,
         };
@@ -580,6 +625,36 @@ fn settle_if_buffers<M: Module>(model: M) -> M {
     } else {
         settle_buffers(model)
     }
+}
+
+/// PyTorch's `clip_grad_norm_`: the L2 norm over every gradient in `grads` (one flattened read,
+/// accumulated in `f64`), and every gradient multiplied by `min(1, max_norm / (norm + 1e-6))`
+/// when that is below 1. Returns the gradients unchanged otherwise.
+fn clip_grad_norm<M: Module>(
+    model: &M,
+    grads: GradientsParams,
+    max_norm: f64,
+) -> Result<GradientsParams, PipelineError> {
+    let selection = ParamSelection::with_grads(model, &grads);
+    let mut flat = flatten_grads(model, &grads, &selection)
+        .map_err(PipelineError::comm(Phase::OptimizerStep))?;
+    let norm = match &flat.buffer {
+        FlatBuffer::F32(v) => v.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>(),
+        FlatBuffer::F64(v) => v.iter().map(|&x| x * x).sum::<f64>(),
+    }
+    .sqrt();
+    let coef = max_norm / (norm + 1e-6);
+    if coef >= 1.0 {
+        return Ok(grads);
+    }
+    match &mut flat.buffer {
+        FlatBuffer::F32(v) => {
+            let c = coef as f32;
+            v.iter_mut().for_each(|x| *x *= c);
+        }
+        FlatBuffer::F64(v) => v.iter_mut().for_each(|x| *x *= coef),
+    }
+    grads_from_flat(model, &flat).map_err(PipelineError::comm(Phase::OptimizerStep))
 }
 
 /// Whether every gradient in `grads` is finite (one flattened read).

@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""Generate the PyTorch reference numbers of trainer/tests/pytorch_reference.rs.
+
+Runs real PyTorch (CPU, gloo, 2 processes) on the bundled digits data with the binary's MLP
+(64-64-10, layers fc1, fc2), batch 32 per rank, `DistributedSampler(shuffle=False)`, and records
+rank 0's loss at every iteration for each case below. Writes
+
+  trainer/tests/data/pytorch_reference_init.safetensors   the initial weights (torch.manual_seed(0))
+  trainer/tests/data/pytorch_reference.json               per case: the matching `localsgd train`
+                                                          flags and PyTorch's losses
+
+Needs `pip install torch numpy`; the tests only read the committed output. Rerun after changing a
+case: python3 scripts/pytorch_reference.py
+"""
+
+import json
+import os
+import socket
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_pytorch  # noqa: E402  (its data loader, MLP and safetensors writer)
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+OUT_DIR = os.path.join(ROOT, "trainer", "tests", "data")
+INIT = os.path.join(OUT_DIR, "pytorch_reference_init.safetensors")
+WORLD, BATCH, STEPS = 2, 32, 40
+WIDTHS = [64, 64, 10]
+
+# name: (settings for both sides, `localsgd train` flags)
+CASES = {
+    # DDP broadcasts rank 0's parameters at construction (the other rank starts from other
+    # weights here); SGD with PyTorch's coupled weight decay; global-norm clipping.
+    "ddp-weight-decay-clip": (
+        dict(algorithm="ddp", optimizer="sgd", lr=0.1, momentum=0.9, weight_decay=1e-3,
+             clip=0.5, schedule=None),
+        ["--algorithm", "ddp", "--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9",
+         "--weight-decay", "0.001", "--clip-grad-norm", "0.5"],
+    ),
+    # A step schedule through post-local SGD's switch (warmup 10, period 4).
+    "post-local-step-lr": (
+        dict(algorithm="post-local-sgd", optimizer="sgd", lr=0.2, momentum=0.9, weight_decay=0.0,
+             clip=None, schedule=("step", 8, 0.5), warmup=10, period=4),
+        ["--algorithm", "post-local-sgd", "--warmup", "10", "--period", "4", "--optimizer", "sgd",
+         "--lr", "0.2", "--momentum", "0.9", "--lr-schedule", "step", "--lr-step-size", "8",
+         "--lr-gamma", "0.5"],
+    ),
+    # AdamW (decoupled weight decay) with a linear warmup.
+    "ddp-adamw-linear-warmup": (
+        dict(algorithm="ddp", optimizer="adamw", lr=0.01, momentum=0.0, weight_decay=0.05,
+             clip=None, schedule=("linear", 1.0 / 3.0, 10)),
+        ["--algorithm", "ddp", "--optimizer", "adamw", "--lr", "0.01", "--weight-decay", "0.05",
+         "--lr-schedule", "linear-warmup", "--lr-warmup-steps", "10"],
+    ),
+    # Cosine annealing over the run.
+    "ddp-cosine": (
+        dict(algorithm="ddp", optimizer="sgd", lr=0.1, momentum=0.9, weight_decay=0.0, clip=None,
+             schedule=("cosine", STEPS, 0.01)),
+        ["--algorithm", "ddp", "--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9",
+         "--lr-schedule", "cosine", "--lr-min", "0.01"],
+    ),
+}
+
+
+def rank_main(rank, port, case, queue):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (
+        PostLocalSGDState, post_localSGD_hook)
+    from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data.distributed import DistributedSampler
+
+    x, y, _, _ = bench_pytorch.load_digits(bench_pytorch.DEFAULT_DATA)
+    model = bench_pytorch.Mlp(WIDTHS)
+    state = bench_pytorch.read_safetensors(INIT)
+    if rank != 0:
+        # Another rank's own initialisation: DDP's construction-time broadcast replaces it.
+        torch.manual_seed(1234)
+        model = bench_pytorch.Mlp(WIDTHS)
+    else:
+        model.load_state_dict(state, strict=True)
+    ddp = DDP(model)
+    averager = None
+    if case["algorithm"] == "post-local-sgd":
+        hook_state = PostLocalSGDState(process_group=None, subgroup=None,
+                                       start_localSGD_iter=case["warmup"],
+                                       post_local_gradient_allreduce=False)
+        ddp.register_comm_hook(hook_state, post_localSGD_hook)
+        averager = PeriodicModelAverager(period=case["period"], warmup_steps=case["warmup"])
+    if case["optimizer"] == "sgd":
+        opt = torch.optim.SGD(ddp.parameters(), lr=case["lr"], momentum=case["momentum"],
+                              weight_decay=case["weight_decay"])
+    else:
+        opt = torch.optim.AdamW(ddp.parameters(), lr=case["lr"], weight_decay=case["weight_decay"])
+    sched = None
+    kind = case["schedule"]
+    if kind and kind[0] == "step":
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=kind[1], gamma=kind[2])
+    elif kind and kind[0] == "linear":
+        sched = torch.optim.lr_scheduler.LinearLR(opt, start_factor=kind[1], total_iters=kind[2])
+    elif kind and kind[0] == "cosine":
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=kind[1], eta_min=kind[2])
+
+    class _Len:
+        def __len__(self):
+            return len(y)
+
+    sampler = DistributedSampler(_Len(), num_replicas=WORLD, rank=rank, shuffle=False,
+                                 drop_last=False)
+    loss_fn = nn.CrossEntropyLoss()
+    losses, step, epoch = [], 0, 0
+    while step < STEPS:
+        sampler.set_epoch(epoch)
+        idx = torch.tensor(list(iter(sampler)), dtype=torch.int64)
+        for start in range(0, len(idx), BATCH):
+            if step >= STEPS:
+                break
+            b = idx[start:start + BATCH]
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(ddp(x[b]), y[b])
+            loss.backward()
+            if case["clip"] is not None:
+                torch.nn.utils.clip_grad_norm_(ddp.parameters(), case["clip"])
+            opt.step()
+            if sched is not None:
+                sched.step()
+            if averager is not None:
+                averager.average_parameters(ddp.parameters())
+            losses.append(loss.item())
+            step += 1
+        epoch += 1
+    if rank == 0:
+        queue.put(losses)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    os.makedirs(OUT_DIR, exist_ok=True)
+    torch.manual_seed(0)
+    bench_pytorch.write_safetensors(INIT, bench_pytorch.Mlp(WIDTHS).state_dict())
+    out = {"steps": STEPS, "workers": WORLD, "batch_size": BATCH, "torch": torch.__version__,
+           "init_weights": os.path.basename(INIT), "cases": {}}
+    ctx = mp.get_context("spawn")
+    for name, (case, flags) in CASES.items():
+        queue = ctx.Queue()
+        port = free_port()
+        procs = [ctx.Process(target=rank_main, args=(r, port, case, queue)) for r in range(WORLD)]
+        for p in procs:
+            p.start()
+        losses = queue.get(timeout=600)
+        for p in procs:
+            p.join(timeout=120)
+            if p.exitcode != 0:
+                raise SystemExit(f"case {name}: a rank exited with {p.exitcode}")
+        out["cases"][name] = {"flags": flags, "losses": losses}
+        print(f"{name}: first {losses[0]:.6f} last {losses[-1]:.6f}", flush=True)
+    with open(os.path.join(OUT_DIR, "pytorch_reference.json"), "w") as f:
+        json.dump(out, f, indent=1)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
