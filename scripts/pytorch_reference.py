@@ -13,6 +13,7 @@ Needs `pip install torch numpy`; the tests only read the committed output. Rerun
 case: python3 scripts/pytorch_reference.py
 """
 
+import contextlib
 import json
 import os
 import socket
@@ -56,6 +57,16 @@ CASES = {
              clip=None, schedule=("linear", 1.0 / 3.0, 10)),
         ["--algorithm", "ddp", "--optimizer", "adamw", "--lr", "0.01", "--weight-decay", "0.05",
          "--lr-schedule", "linear-warmup", "--lr-warmup-steps", "10"],
+    ),
+    # Gradient accumulation of 2 micro-batches per optimizer step, through post-local SGD's
+    # switch (the hook's iter and the averager count optimizer steps); loss / 2 backward on each
+    # micro-batch, one step; an epoch's odd last batch is not stepped (23 batches per rank: 11
+    # steps per epoch). The recorded loss is the mean of the two micro-batches' losses.
+    "post-local-accumulate-2": (
+        dict(algorithm="post-local-sgd", optimizer="sgd", lr=0.1, momentum=0.9, weight_decay=0.0,
+             clip=None, schedule=None, warmup=6, period=2, accumulate=2),
+        ["--algorithm", "post-local-sgd", "--warmup", "6", "--period", "2", "--optimizer", "sgd",
+         "--lr", "0.1", "--momentum", "0.9", "--accumulate", "2"],
     ),
     # Cosine annealing over the run.
     "ddp-cosine": (
@@ -116,17 +127,28 @@ def rank_main(rank, port, case, queue):
     sampler = DistributedSampler(_Len(), num_replicas=WORLD, rank=rank, shuffle=False,
                                  drop_last=False)
     loss_fn = nn.CrossEntropyLoss()
+    k = case.get("accumulate", 1)
     losses, step, epoch = [], 0, 0
     while step < STEPS:
         sampler.set_epoch(epoch)
         idx = torch.tensor(list(iter(sampler)), dtype=torch.int64)
-        for start in range(0, len(idx), BATCH):
+        starts = list(range(0, len(idx), BATCH))
+        for first in range(0, len(starts) - k + 1, k):
             if step >= STEPS:
                 break
-            b = idx[start:start + BATCH]
             opt.zero_grad(set_to_none=True)
-            loss = loss_fn(ddp(x[b]), y[b])
-            loss.backward()
+            total = 0.0
+            for j in range(k):
+                b = idx[starts[first + j]:starts[first + j] + BATCH]
+                # DDP's accumulation: no_sync around the forward and backward of every
+                # micro-batch but the last, so only the last backward all-reduces (and calls
+                # the hook, whose iter then counts optimizer steps).
+                sync = contextlib.nullcontext() if j + 1 == k else ddp.no_sync()
+                with sync:
+                    micro = loss_fn(ddp(x[b]), y[b])
+                    total += micro.item()
+                    (micro / k).backward()
+            loss = torch.tensor(total / k)
             if case["clip"] is not None:
                 torch.nn.utils.clip_grad_norm_(ddp.parameters(), case["clip"])
             opt.step()

@@ -106,6 +106,9 @@ pub struct ConfigFlags {
     /// Batch size per worker.
     #[arg(long)]
     pub batch_size: Option<usize>,
+    /// Micro-batches per optimizer step (gradient accumulation).
+    #[arg(long)]
+    pub accumulate: Option<usize>,
     /// Shuffle every epoch (true/false).
     #[arg(long)]
     pub shuffle: Option<bool>,
@@ -239,6 +242,7 @@ impl ConfigFlags {
             synthetic_dim,
             synthetic_classes,
             batch_size,
+            accumulate,
             shuffle,
             seed,
             optimizer,

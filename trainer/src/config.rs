@@ -206,6 +206,8 @@ pub struct TrainConfig {
     pub synthetic_classes: usize,
     /// Batch size per worker.
     pub batch_size: usize,
+    /// Micro-batches of `batch-size` per optimizer step (gradient accumulation; 1: none).
+    pub accumulate: usize,
     /// Shuffle the training data every epoch (same permutation on every rank).
     pub shuffle: bool,
     /// Seed for model initialization, shuffling and synthetic data.
@@ -290,6 +292,7 @@ impl Default for TrainConfig {
             synthetic_dim: 16,
             synthetic_classes: 4,
             batch_size: 32,
+            accumulate: 1,
             shuffle: true,
             seed: 0,
             optimizer: OptimizerKind::Sgd,
@@ -525,6 +528,13 @@ impl TrainConfig {
         }
         if self.batch_size == 0 {
             return Err(bad("batch-size", 0, "at least 1"));
+        }
+        if self.accumulate == 0 {
+            return Err(bad(
+                "accumulate",
+                0,
+                "at least 1 micro-batch per optimizer step",
+            ));
         }
         if !(self.lr > 0.0 && self.lr.is_finite()) {
             return Err(bad("lr", self.lr, "a positive finite learning rate"));

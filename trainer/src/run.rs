@@ -394,6 +394,7 @@ pub fn train_worker(
         broadcast_start: cfg.broadcast_start,
         buffers: cfg.buffers,
         clip_grad_norm: (cfg.clip_grad_norm > 0.0).then_some(cfg.clip_grad_norm),
+        accumulate: cfg.accumulate,
     };
     let mut pipeline = Pipeline::new(group.clone(), optimizer(cfg), options);
     if let Some((hook, reducer)) = parts.sync {
@@ -437,7 +438,19 @@ pub fn train_worker(
         sampler = sampler.with_shuffle(cfg.seed);
     }
     let mut loader = ShardLoader::new(train, sampler, cfg.batch_size, device.clone(), position)?;
-    let per_epoch = loader.batches_per_epoch() as u64;
+    // Optimizer steps per epoch: an incomplete accumulation at the epoch's end is not stepped.
+    let per_epoch = (loader.batches_per_epoch() / cfg.accumulate.max(1)) as u64;
+    if per_epoch == 0 {
+        return Err(PipelineError::Config(format!(
+            "invalid setting `accumulate` = {}: each rank's epoch has {} batches of {}, so at most \
+             {} micro-batches fit in an optimizer step",
+            cfg.accumulate,
+            loader.batches_per_epoch(),
+            cfg.batch_size,
+            loader.batches_per_epoch()
+        ))
+        .into());
+    }
     let total = cfg.steps.unwrap_or(per_epoch * cfg.epochs);
     let mut pipeline =
         pipeline.with_lr_scheduler(ModuleLrScheduler::new(lr_schedule(cfg, total).scheduler()));

@@ -533,3 +533,35 @@ fn a_refused_resume_rewrites_nothing() {
         "the refused resumes changed the run directory"
     );
 }
+
+/// Accumulating more micro-batches than an epoch holds is refused with the numbers that would
+/// fit, and `accumulate = 0` names the setting.
+#[test]
+fn accumulate_beyond_an_epoch_or_zero_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let out = localsgd(&[
+        "train",
+        "--progress",
+        "false",
+        "--steps",
+        "3",
+        "--accumulate",
+        "1000",
+        "--run-dir",
+        run.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("`accumulate` = 1000") && err.contains("23 batches of 32"),
+        "{err}"
+    );
+    let out = localsgd(&["train", "--progress", "false", "--accumulate", "0"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("accumulate") && err.contains("at least 1"),
+        "{err}"
+    );
+}

@@ -1,7 +1,8 @@
 //! `localsgd train` against real PyTorch numbers: per-iteration losses of rank 0 within 1e-5
 //! relative for 40 iterations of the digits MLP on 2 workers, for DDP with weight decay and
 //! global-norm clipping, a step learning-rate schedule through post-local SGD's switch, AdamW with
-//! a linear warmup, and cosine annealing. The numbers come from `scripts/pytorch_reference.py`
+//! a linear warmup, gradient accumulation of 2 micro-batches through post-local SGD's switch, and
+//! cosine annealing. The numbers come from `scripts/pytorch_reference.py`
 //! (PyTorch 2.15, CPU, gloo; its rank 1 starts from other weights, which DDP's construction-time
 //! broadcast replaces), committed in `tests/data/pytorch_reference.json`.
 
@@ -11,7 +12,7 @@ use std::process::Command;
 const TOLERANCE: f64 = 1e-5;
 
 #[test]
-fn losses_match_pytorch_for_schedules_weight_decay_clipping_and_adamw() {
+fn losses_match_pytorch_for_schedules_weight_decay_clipping_adamw_and_accumulation() {
     let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
     let reference: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(data.join("pytorch_reference.json")).unwrap(),
@@ -20,7 +21,7 @@ fn losses_match_pytorch_for_schedules_weight_decay_clipping_and_adamw() {
     let init = data.join(reference["init_weights"].as_str().unwrap());
     let steps = reference["steps"].as_u64().unwrap().to_string();
     let cases = reference["cases"].as_object().unwrap();
-    assert_eq!(cases.len(), 4);
+    assert_eq!(cases.len(), 5);
     let dir = tempfile::tempdir().unwrap();
     for (name, case) in cases {
         let run = dir.path().join(name);

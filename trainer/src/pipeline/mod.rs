@@ -17,7 +17,7 @@ pub use source::{BatchSource, DataPosition, IterSource};
 
 use burn::module::Module;
 use burn::optim::lr_scheduler::module_lr_scheduler::{ModuleLearningRate, ModuleLrScheduler};
-use burn::optim::{GradientsParams, ModuleOptimizer};
+use burn::optim::{GradientsAccumulator, GradientsParams, ModuleOptimizer};
 use burn::tensor::Tensor;
 use localsgd_averagers::{
     AverageParameters, AveragerState, ModelAverager, PendingAverage, average_in_group,
@@ -40,6 +40,13 @@ pub struct PipelineOptions {
     /// (burn's own `GradientClippingConfig::Norm` clips each tensor separately, which PyTorch
     /// does not.)
     pub clip_grad_norm: Option<f64>,
+    /// Micro-batches per optimizer step (gradient accumulation; 1: none). Each iteration fetches
+    /// this many batches, runs `loss / accumulate` backward on each and sums the gradients (what
+    /// PyTorch's usual accumulation loop computes), then syncs, steps and averages once: the
+    /// hook's `iter`, the averager's step and the schedule count optimizer steps. An epoch whose
+    /// shard has fewer than `accumulate` batches left ends there on every rank (the remainder is
+    /// not stepped). The reported loss is the mean of the micro-batches' losses.
+    pub accumulate: usize,
     /// Skip the optimizer step when a gradient is NaN or infinite (counted and reported). Model
     /// averaging still runs, so counters stay aligned on all ranks.
     pub skip_non_finite: bool,
@@ -67,6 +74,7 @@ impl Default for PipelineOptions {
             broadcast_start: true,
             buffers: BufferPolicy::Broadcast,
             clip_grad_norm: None,
+            accumulate: 1,
         }
     }
 }
@@ -364,7 +372,8 @@ impl<M: Module> Pipeline<M> {
         let traffic_start = self.group.traffic();
         let mut times = PhaseTimes::default();
         let mut model = Some(model);
-        let mut batch: Option<B> = None;
+        let micro = self.options.accumulate.max(1);
+        let mut batches: Vec<B> = Vec::with_capacity(micro);
         let mut loss_value = 0f32;
         let mut grads: Option<GradientsParams> = None;
         let mut in_flight: Option<InFlightGrads> = None;
@@ -382,13 +391,18 @@ impl<M: Module> Pipeline<M> {
                 .ok_or_else(|| PipelineError::Config("model lost between phases".into()))?;
             let m = match phase {
                 Phase::FetchBatch => {
-                    batch = source.next_batch();
+                    while batches.len() < micro {
+                        match source.next_batch() {
+                            Some(b) => batches.push(b),
+                            None => break,
+                        }
+                    }
                     m
                 }
                 Phase::AgreeHasData => {
                     let all = self
                         .group
-                        .all_true(batch.is_some())
+                        .all_true(batches.len() == micro)
                         .map_err(PipelineError::comm(phase))?;
                     if !all {
                         self.observe(phase, collectives_before);
@@ -406,12 +420,25 @@ impl<M: Module> Pipeline<M> {
                     }
                 }
                 Phase::ForwardBackward => {
-                    let b = batch
-                        .take()
-                        .ok_or_else(|| PipelineError::Config("no batch after agreement".into()))?;
-                    let loss = loss_fn(&m, &b);
-                    loss_value = loss.clone().into_scalar::<f32>();
-                    grads = Some(GradientsParams::from_grads(loss.backward(), &m));
+                    if batches.len() != micro {
+                        return Err(PipelineError::Config("no batch after agreement".into()));
+                    }
+                    if micro == 1 {
+                        let loss = loss_fn(&m, &batches[0]);
+                        loss_value = loss.clone().into_scalar::<f32>();
+                        grads = Some(GradientsParams::from_grads(loss.backward(), &m));
+                    } else {
+                        let mut sum = GradientsAccumulator::<M>::new();
+                        let mut total = 0f32;
+                        for b in batches.drain(..) {
+                            let loss = loss_fn(&m, &b);
+                            total += loss.clone().into_scalar::<f32>();
+                            let scaled = loss / micro as f32;
+                            sum.accumulate(&m, GradientsParams::from_grads(scaled.backward(), &m));
+                        }
+                        loss_value = total / micro as f32;
+                        grads = Some(sum.grads());
+                    }
                     m
                 }
                 Phase::GradientSync => {
