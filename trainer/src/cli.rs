@@ -50,6 +50,9 @@ pub struct ConfigFlags {
     /// Warmup iterations (gradient all-reduce before local steps; also the averager's warmup).
     #[arg(long, allow_negative_numbers = true)]
     pub warmup: Option<i64>,
+    /// The warmup in epochs instead (replaces `warmup`).
+    #[arg(long)]
+    pub warmup_epochs: Option<u64>,
     /// Model averaging period.
     #[arg(long)]
     pub period: Option<u64>,
@@ -275,6 +278,9 @@ impl ConfigFlags {
         }
         if let Some(v) = flags.weight_decay {
             cfg.weight_decay = Some(v);
+        }
+        if let Some(v) = flags.warmup_epochs {
+            cfg.warmup_epochs = Some(v);
         }
         if let Some(v) = &flags.data_dir {
             cfg.data_dir = Some(v.clone());

@@ -159,6 +159,10 @@ pub struct TrainConfig {
     /// Iterations of global gradient averaging before local steps start; also the averager's
     /// warmup (one knob for both, as in Lightning).
     pub warmup: i64,
+    /// The same switch point in epochs (the post-local SGD paper switches at the first
+    /// learning-rate decay, usually an epoch boundary): when set, `warmup` becomes this many
+    /// epochs' optimizer steps (batches per rank per epoch, divided by `accumulate`).
+    pub warmup_epochs: Option<u64>,
     /// Model averaging period (local-sgd, post-local-sgd). `0` is invalid.
     pub period: u64,
     /// Overlapped averaging (local-sgd, post-local-sgd): start each average after its step's
@@ -274,6 +278,7 @@ impl Default for TrainConfig {
             device: DeviceKind::Cpu,
             algorithm: AlgorithmKind::PostLocalSgd,
             warmup: 50,
+            warmup_epochs: None,
             period: 4,
             overlap: 0,
             levels: String::new(),

@@ -383,6 +383,30 @@ pub fn train_worker(
         Some(path) => load_pytorch_safetensors(path, &mcfg, &device)?,
         None => mcfg.init(cfg.seed, &device)?,
     };
+    let with_warmup;
+    let cfg = match cfg.warmup_epochs {
+        Some(epochs) => {
+            let per_epoch = ShardSampler::new(data.train.len(), world, rank)?
+                .num_batches(cfg.batch_size)?
+                / cfg.accumulate.max(1);
+            let mut c = cfg.clone();
+            c.warmup = i64::try_from(epochs.saturating_mul(per_epoch as u64)).map_err(|_| {
+                PipelineError::Config(format!(
+                    "invalid setting `warmup-epochs` = {epochs}: {epochs} epochs of {per_epoch} \
+                     steps overflow the warmup counter"
+                ))
+            })?;
+            tracing::info!(
+                epochs,
+                steps = c.warmup,
+                "warmup-epochs: the warmup is {} optimizer steps",
+                c.warmup
+            );
+            with_warmup = c;
+            &with_warmup
+        }
+        None => cfg,
+    };
     let spec = AlgorithmSpec::from_config(cfg)?;
     let identity = run_identity(&spec, world);
     let parts = algorithm::build(&spec, &group)?;

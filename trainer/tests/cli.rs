@@ -565,3 +565,47 @@ fn accumulate_beyond_an_epoch_or_zero_is_refused() {
         "{err}"
     );
 }
+
+/// `warmup-epochs` puts post-local SGD's switch at an epoch boundary: the digits shard of each
+/// of 2 ranks is 23 batches of 32, so 1 epoch is a warmup of 23 optimizer steps (11 with 2
+/// micro-batches per step). Gradients travel (19,240 bytes) until then; after the switch only
+/// the averaging steps send data.
+#[test]
+fn warmup_epochs_switch_at_the_epoch_boundary() {
+    let dir = tempfile::tempdir().unwrap();
+    for (accumulate, warmup) in [("1", 23usize), ("2", 11)] {
+        let run = dir.path().join(format!("acc{accumulate}"));
+        ok(&localsgd(&[
+            "train",
+            "--progress",
+            "false",
+            "--algorithm",
+            "post-local-sgd",
+            "--period",
+            "4",
+            "--warmup-epochs",
+            "1",
+            "--accumulate",
+            accumulate,
+            "--steps",
+            "30",
+            "--log-every",
+            "0",
+            "--run-dir",
+            run.to_str().unwrap(),
+        ]));
+        let metrics = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
+        let header: Vec<&str> = metrics.lines().next().unwrap().split(',').collect();
+        let d = header.iter().position(|h| *h == "data_bytes").unwrap();
+        let data: Vec<u64> = metrics
+            .lines()
+            .skip(1)
+            .map(|l| l.split(',').nth(d).unwrap().parse().unwrap())
+            .collect();
+        for (i, bytes) in data.iter().enumerate() {
+            let averaging = i >= warmup && (i - warmup).is_multiple_of(4);
+            let want = if i < warmup || averaging { 19_240 } else { 0 };
+            assert_eq!(*bytes, want, "accumulate {accumulate}, iteration {i}");
+        }
+    }
+}
