@@ -43,10 +43,20 @@ fn check_resume(algorithm: AlgorithmKind, optimizer: OptimizerKind) {
 }
 
 fn check_resume_overlapped(algorithm: AlgorithmKind, optimizer: OptimizerKind, overlap: u64) {
+    check_resume_with(algorithm, optimizer, overlap, |_| {});
+}
+
+fn check_resume_with(
+    algorithm: AlgorithmKind,
+    optimizer: OptimizerKind,
+    overlap: u64,
+    tweak: fn(&mut TrainConfig),
+) {
     let straight_dir = tempfile::tempdir().unwrap();
     let resumed_dir = tempfile::tempdir().unwrap();
     let mut cfg = config(straight_dir.path(), algorithm, optimizer);
     cfg.overlap = overlap;
+    tweak(&mut cfg);
     let data = load_data(&cfg).unwrap();
     // 160 training rows / 2 ranks / batch 16 = 5 batches per epoch: 13 steps cross two epoch
     // boundaries, and the stop at 7 is mid-epoch.
@@ -55,6 +65,7 @@ fn check_resume_overlapped(algorithm: AlgorithmKind, optimizer: OptimizerKind, o
 
     let mut first = config(resumed_dir.path(), algorithm, optimizer);
     first.overlap = overlap;
+    tweak(&mut first);
     first.steps = Some(7);
     train_threads(&first, &data, Some(resumed_dir.path()), None).unwrap();
     if overlap > 0 {
@@ -97,6 +108,26 @@ fn overlapped_post_local_sgd_resumes_bit_identically_with_averages_pending() {
     // two steps later, so the checkpoints after iterations 4 and 7 (the stop) each hold a
     // pending average, and the last one (started at 11) is applied at the end.
     check_resume_overlapped(AlgorithmKind::PostLocalSgd, OptimizerKind::Sgd, 2);
+}
+
+/// The learning-rate schedule continues where it stopped (a step decay at 3, 6, 9, 12 crosses
+/// the stop at 7), with clipping and 2 micro-batches per step (data position mid-accumulation
+/// boundaries).
+#[test]
+fn schedules_clipping_and_accumulation_resume_bit_identically() {
+    check_resume_with(AlgorithmKind::PostLocalSgd, OptimizerKind::Sgd, 0, |c| {
+        c.lr_schedule = localsgd_trainer::config::LrScheduleKind::Step;
+        c.lr_step_size = 3;
+        c.lr_gamma = 0.5;
+        c.clip_grad_norm = 0.5;
+        c.accumulate = 2;
+    });
+    // (Not cosine here: its T_max is the run's length, which this test changes at the resume.)
+    check_resume_with(AlgorithmKind::Ddp, OptimizerKind::Adamw, 0, |c| {
+        c.lr_schedule = localsgd_trainer::config::LrScheduleKind::LinearWarmup;
+        c.lr_warmup_steps = 10;
+        c.weight_decay = Some(0.1);
+    });
 }
 
 #[test]
