@@ -33,6 +33,23 @@ pub fn average_in_group<M: Module>(
     selection: &ParamSelection,
     group: &Group,
 ) -> Result<M, AveragerError> {
+    fused(module, selection, group, Fused::Average)
+}
+
+/// What one fused collective over a module's flat buffer does.
+enum Fused {
+    Average,
+    Broadcast { root: usize },
+}
+
+/// The one path of [`average_in_group`] and [`broadcast_in_group`]: nothing on one rank or an
+/// empty selection; else flatten, agree on the layout, one collective, write back.
+fn fused<M: Module>(
+    module: M,
+    selection: &ParamSelection,
+    group: &Group,
+    op: Fused,
+) -> Result<M, AveragerError> {
     if group.size() == 1 {
         return Ok(module);
     }
@@ -41,9 +58,11 @@ pub fn average_in_group<M: Module>(
         return Ok(module);
     }
     check_agreement(group, &flat)?;
-    match &mut flat.buffer {
-        FlatBuffer::F32(v) => group.average_slice(v)?,
-        FlatBuffer::F64(v) => group.average_slice(v)?,
+    match (&mut flat.buffer, op) {
+        (FlatBuffer::F32(v), Fused::Average) => group.average_slice(v)?,
+        (FlatBuffer::F64(v), Fused::Average) => group.average_slice(v)?,
+        (FlatBuffer::F32(v), Fused::Broadcast { root }) => group.broadcast_slice(v, root)?,
+        (FlatBuffer::F64(v), Fused::Broadcast { root }) => group.broadcast_slice(v, root)?,
     }
     Ok(write_params(module, &flat)?)
 }
@@ -61,19 +80,7 @@ pub fn broadcast_in_group<M: Module>(
     group: &Group,
     root: usize,
 ) -> Result<M, AveragerError> {
-    if group.size() == 1 {
-        return Ok(module);
-    }
-    let mut flat = flatten_params(&module, selection)?;
-    if flat.layout.is_empty() {
-        return Ok(module);
-    }
-    check_agreement(group, &flat)?;
-    match &mut flat.buffer {
-        FlatBuffer::F32(v) => group.broadcast_slice(v, root)?,
-        FlatBuffer::F64(v) => group.broadcast_slice(v, root)?,
-    }
-    Ok(write_params(module, &flat)?)
+    fused(module, selection, group, Fused::Broadcast { root })
 }
 
 /// [`average_in_group`] for a group this rank may not belong to: `None` (this rank is not a
