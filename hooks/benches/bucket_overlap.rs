@@ -9,8 +9,7 @@
 //!
 //! On the thread backend a collective is a memory copy between the ranks' threads, so there is
 //! no wire time to hide and the helper's hand-offs add to it; this is why the binary's
-//! `pipeline-buckets = "auto"` leaves threads blocking (a 2-worker digits DDP iteration measured
-//! 0.51-0.64 ms pipelined against 0.40-0.45 ms blocking; here, 2026-12-01, quiet machine:
+//! `pipeline-buckets = "auto"` leaves threads blocking (2026-12-01, quiet machine, one run:
 //! blocking 53.0 ms, pipelined 94.9 ms per reduce). Run with
 //! `cargo bench --workspace --bench bucket_overlap`.
 
