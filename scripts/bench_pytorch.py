@@ -293,6 +293,29 @@ class Mlp(nn.Module):
         return x
 
 
+class Cnn(nn.Module):
+    """localsgd's `model = "cnn"`: per channel count a 3x3 conv (padding 1), BatchNorm2d, ReLU and
+    2x2 max pooling; then a Linear head (modules convs.i, norms.i, head)."""
+
+    def __init__(self, side, channels, classes):
+        super().__init__()
+        self.side = side
+        prev, convs, norms = 1, [], []
+        for c in channels:
+            convs.append(nn.Conv2d(prev, c, 3, padding=1))
+            norms.append(nn.BatchNorm2d(c))
+            prev = c
+        self.convs, self.norms = nn.ModuleList(convs), nn.ModuleList(norms)
+        final = side >> len(channels)
+        self.head = nn.Linear(prev * final * final, classes)
+
+    def forward(self, x):
+        h = x.reshape(x.shape[0], 1, self.side, self.side)
+        for conv, norm in zip(self.convs, self.norms):
+            h = torch.max_pool2d(torch.relu(norm(conv(h))), 2)
+        return self.head(h.flatten(1))
+
+
 def build_model(args, widths):
     torch.manual_seed(args.seed)
     model = Mlp(widths)

@@ -2,12 +2,18 @@
 """Generate the PyTorch reference numbers of trainer/tests/pytorch_reference.rs.
 
 Runs real PyTorch (CPU, gloo, 2 processes) on the bundled digits data with the binary's MLP
-(64-64-10, layers fc1, fc2), batch 32 per rank, `DistributedSampler(shuffle=False)`, and records
-rank 0's loss at every iteration for each case below. Writes
+(64-64-10, layers fc1, fc2) or its CNN (`--model cnn`, channels 8,16 over the 8x8 images, with
+BatchNorm2d), batch 32 per rank, `DistributedSampler(shuffle=False)`, and records rank 0's loss at
+every iteration for each case below. Writes
 
-  trainer/tests/data/pytorch_reference_init.safetensors   the initial weights (torch.manual_seed(0))
-  trainer/tests/data/pytorch_reference.json               per case: the matching `localsgd train`
-                                                          flags and PyTorch's losses
+  trainer/tests/data/pytorch_reference_init.safetensors      the MLP's initial weights
+                                                             (torch.manual_seed(0))
+  trainer/tests/data/pytorch_reference_cnn_init.safetensors  the CNN's (torch.manual_seed(0))
+  trainer/tests/data/pytorch_reference_<case>_final.safetensors
+                                                             rank 0's final state_dict (CNN cases:
+                                                             parameters and BatchNorm buffers)
+  trainer/tests/data/pytorch_reference.json                  per case: the matching `localsgd
+                                                             train` flags and PyTorch's losses
 
 Needs `pip install torch numpy`; the tests only read the committed output. Rerun after changing a
 case: python3 scripts/pytorch_reference.py
@@ -30,6 +36,8 @@ import bench_pytorch  # noqa: E402  (its data loader, MLP and safetensors writer
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 OUT_DIR = os.path.join(ROOT, "trainer", "tests", "data")
 INIT = os.path.join(OUT_DIR, "pytorch_reference_init.safetensors")
+CNN_INIT = os.path.join(OUT_DIR, "pytorch_reference_cnn_init.safetensors")
+CNN_CHANNELS = [8, 16]
 WORLD, BATCH, STEPS = 2, 32, 40
 WIDTHS = [64, 64, 10]
 
@@ -75,10 +83,40 @@ CASES = {
         ["--algorithm", "ddp", "--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9",
          "--lr-schedule", "cosine", "--lr-min", "0.01"],
     ),
+    # The CNN with BatchNorm2d under DDP: broadcast_buffers=True (the default) gives every rank
+    # rank 0's running statistics at each forward; rank 0's final state_dict (buffers included)
+    # is recorded.
+    "cnn-ddp-broadcast-buffers": (
+        dict(model="cnn", algorithm="ddp", optimizer="sgd", lr=0.05, momentum=0.9,
+             weight_decay=0.0, clip=None, schedule=None),
+        ["--model", "cnn", "--channels", "8,16", "--algorithm", "ddp", "--optimizer", "sgd",
+         "--lr", "0.05", "--momentum", "0.9", "--buffers", "broadcast"],
+    ),
+    # The CNN through post-local SGD's switch: the averager averages parameters only, DDP keeps
+    # broadcasting buffers at each forward. (At lr 0.05 this trajectory jumps at iteration 35:
+    # PyTorch itself, from initial weights perturbed by 1e-6 relative, leaves 1e-5 there and
+    # reaches 2e-2 two iterations later; lr 0.03 stays smooth.)
+    "cnn-post-local-sgd": (
+        dict(model="cnn", algorithm="post-local-sgd", optimizer="sgd", lr=0.03, momentum=0.9,
+             weight_decay=0.0, clip=None, schedule=None, warmup=10, period=4),
+        ["--model", "cnn", "--channels", "8,16", "--algorithm", "post-local-sgd", "--warmup",
+         "10", "--period", "4", "--optimizer", "sgd", "--lr", "0.03", "--momentum", "0.9",
+         "--buffers", "broadcast"],
+    ),
 }
 
 
-def rank_main(rank, port, case, queue):
+def new_model(case):
+    if case.get("model") == "cnn":
+        return bench_pytorch.Cnn(8, CNN_CHANNELS, 10)
+    return bench_pytorch.Mlp(WIDTHS)
+
+
+def final_path(name):
+    return os.path.join(OUT_DIR, f"pytorch_reference_{name}_final.safetensors")
+
+
+def rank_main(rank, port, name, case, queue):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
@@ -90,13 +128,17 @@ def rank_main(rank, port, case, queue):
     from torch.utils.data.distributed import DistributedSampler
 
     x, y, _, _ = bench_pytorch.load_digits(bench_pytorch.DEFAULT_DATA)
-    model = bench_pytorch.Mlp(WIDTHS)
-    state = bench_pytorch.read_safetensors(INIT)
+    model = new_model(case)
+    cnn = case.get("model") == "cnn"
+    state = bench_pytorch.read_safetensors(CNN_INIT if cnn else INIT)
     if rank != 0:
         # Another rank's own initialisation: DDP's construction-time broadcast replaces it.
         torch.manual_seed(1234)
-        model = bench_pytorch.Mlp(WIDTHS)
+        model = new_model(case)
     else:
+        if cnn:
+            state = {k: (v.to(torch.int64) if k.endswith("num_batches_tracked") else v)
+                     for k, v in state.items()}
         model.load_state_dict(state, strict=True)
     ddp = DDP(model)
     averager = None
@@ -160,6 +202,8 @@ def rank_main(rank, port, case, queue):
             step += 1
         epoch += 1
     if rank == 0:
+        if cnn:
+            bench_pytorch.write_safetensors(final_path(name), model.state_dict())
         queue.put(losses)
     dist.barrier()
     dist.destroy_process_group()
@@ -175,13 +219,16 @@ def main():
     os.makedirs(OUT_DIR, exist_ok=True)
     torch.manual_seed(0)
     bench_pytorch.write_safetensors(INIT, bench_pytorch.Mlp(WIDTHS).state_dict())
+    torch.manual_seed(0)
+    bench_pytorch.write_safetensors(CNN_INIT, bench_pytorch.Cnn(8, CNN_CHANNELS, 10).state_dict())
     out = {"steps": STEPS, "workers": WORLD, "batch_size": BATCH, "torch": torch.__version__,
-           "init_weights": os.path.basename(INIT), "cases": {}}
+           "init_weights": os.path.basename(INIT), "cnn_init_weights": os.path.basename(CNN_INIT),
+           "cases": {}}
     ctx = mp.get_context("spawn")
     for name, (case, flags) in CASES.items():
         queue = ctx.Queue()
         port = free_port()
-        procs = [ctx.Process(target=rank_main, args=(r, port, case, queue)) for r in range(WORLD)]
+        procs = [ctx.Process(target=rank_main, args=(r, port, name, case, queue)) for r in range(WORLD)]
         for p in procs:
             p.start()
         losses = queue.get(timeout=600)
@@ -190,6 +237,8 @@ def main():
             if p.exitcode != 0:
                 raise SystemExit(f"case {name}: a rank exited with {p.exitcode}")
         out["cases"][name] = {"flags": flags, "losses": losses}
+        if case.get("model") == "cnn":
+            out["cases"][name]["final_state"] = os.path.basename(final_path(name))
         print(f"{name}: first {losses[0]:.6f} last {losses[-1]:.6f}", flush=True)
     with open(os.path.join(OUT_DIR, "pytorch_reference.json"), "w") as f:
         json.dump(out, f, indent=1)

@@ -39,7 +39,7 @@ pub(crate) fn run(flags: &BenchStepFlags) -> Result<()> {
     }
     let data = run::load_data(&cfg).context("loading the data set")?;
     let device = Device::flex().autodiff();
-    let mcfg = run::model_config(&cfg, &data.train);
+    let mcfg = run::model_config(&cfg, &data.train)?;
     let mut model = match &cfg.init_weights {
         Some(path) => load_pytorch_safetensors(path, &mcfg, &device)?,
         None => mcfg.init(cfg.seed, &device)?,

@@ -3,7 +3,7 @@
 
 use crate::config::{
     AlgorithmKind, Backend, Compression, DatasetKind, DeviceKind, LrScheduleKind, MetricsFormat,
-    OptimizerKind, PipelineBuckets, TrainConfig,
+    ModelKind, OptimizerKind, PipelineBuckets, TrainConfig,
 };
 use crate::pipeline::BufferPolicy;
 use std::path::PathBuf;
@@ -88,9 +88,15 @@ pub struct ConfigFlags {
     /// Gradient compression.
     #[arg(long, value_enum)]
     pub compression: Option<Compression>,
+    /// The model: mlp or cnn.
+    #[arg(long, value_enum)]
+    pub model: Option<ModelKind>,
     /// Hidden layer widths, comma-separated (e.g. 128,64; "" for none: a linear classifier).
     #[arg(long, value_parser = parse_widths, value_name = "W1,W2,...")]
     pub hidden: Option<Widths>,
+    /// The CNN's conv-block channels, comma-separated (e.g. 8,16).
+    #[arg(long, value_parser = parse_widths, value_name = "C1,C2,...")]
+    pub channels: Option<Widths>,
     /// Data set.
     #[arg(long, value_enum)]
     pub dataset: Option<DatasetKind>,
@@ -172,7 +178,7 @@ pub struct ConfigFlags {
     /// Resume from the latest checkpoint in the run directory (true/false; `--resume` alone means true).
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub resume: Option<bool>,
-    /// PyTorch safetensors file to initialize the MLP from.
+    /// PyTorch safetensors file to initialize the model from.
     #[arg(long)]
     pub init_weights: Option<PathBuf>,
     /// Collective timeout in seconds.
@@ -240,6 +246,7 @@ impl ConfigFlags {
             bucket_cap_mb,
             first_bucket_mb,
             compression,
+            model,
             dataset,
             synthetic_samples,
             synthetic_dim,
@@ -272,6 +279,9 @@ impl ConfigFlags {
         );
         if let Some(Widths(v)) = &flags.hidden {
             cfg.hidden = v.clone();
+        }
+        if let Some(Widths(v)) = &flags.channels {
+            cfg.channels = v.clone();
         }
         if let Some(v) = flags.subgroup_size {
             cfg.subgroup_size = Some(v);

@@ -105,6 +105,17 @@ pub enum DatasetKind {
     Idx,
 }
 
+/// The model the binary trains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum ModelKind {
+    /// A multi-layer perceptron of `hidden` widths (the default).
+    Mlp,
+    /// A CNN for square gray-scale images: per entry of `channels` a 3x3 conv, PyTorch-style
+    /// batch normalization, ReLU and 2x2 max pooling, then a Linear head.
+    Cnn,
+}
+
 /// The optimizer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
@@ -196,8 +207,12 @@ pub struct TrainConfig {
     pub first_bucket_mb: f64,
     /// Gradient compression around the hook.
     pub compression: Compression,
+    /// The model: `mlp` or `cnn`.
+    pub model: ModelKind,
     /// Hidden layer widths of the MLP.
     pub hidden: Vec<usize>,
+    /// Output channels of the CNN's conv blocks (model = "cnn").
+    pub channels: Vec<usize>,
     /// Data set.
     pub dataset: DatasetKind,
     /// Directory with MNIST-format IDX files (dataset = "idx").
@@ -255,7 +270,8 @@ pub struct TrainConfig {
     pub run_dir: PathBuf,
     /// Continue from the latest checkpoint in `run-dir`.
     pub resume: bool,
-    /// Initialize the MLP from a PyTorch safetensors file (`fc1.weight` [out, in], `fc1.bias`, ...).
+    /// Initialize the model from a PyTorch safetensors file (MLP: `fc1.weight` [out, in],
+    /// `fc1.bias`, ...; CNN: `convs.0.weight`, `norms.0.running_mean`, ..., `head.weight`).
     pub init_weights: Option<PathBuf>,
     /// Seconds a collective may wait for its peers before failing.
     pub timeout_secs: u64,
@@ -290,7 +306,9 @@ impl Default for TrainConfig {
             bucket_cap_mb: 25.0,
             first_bucket_mb: 1.0,
             compression: Compression::None,
+            model: ModelKind::Mlp,
             hidden: vec![64],
+            channels: vec![8, 16],
             dataset: DatasetKind::Digits,
             data_dir: None,
             synthetic_samples: 2000,
@@ -529,6 +547,13 @@ impl TrainConfig {
                 "hidden",
                 format!("{:?}", self.hidden),
                 "positive layer widths, e.g. [64]",
+            ));
+        }
+        if self.channels.is_empty() || self.channels.contains(&0) {
+            return Err(bad(
+                "channels",
+                format!("{:?}", self.channels),
+                "one or more positive channel counts, e.g. [8, 16]",
             ));
         }
         if self.batch_size == 0 {

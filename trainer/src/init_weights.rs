@@ -1,23 +1,32 @@
-//! Loading initial [`Mlp`] weights from, and saving them to, a PyTorch-style safetensors file.
+//! Loading a model's initial weights from, and saving them to, a PyTorch-style safetensors
+//! file: what `safetensors.torch.save_file(model.state_dict())` writes for the PyTorch twin.
 //!
-//! Layout: layer `k` (0-based) is stored as `fc{k+1}.weight` with PyTorch's shape `[out, in]` and
-//! `fc{k+1}.bias` with shape `[out]` — what `safetensors.torch.save_file(model.state_dict())`
-//! writes for a module whose Linear layers are named `fc1`, `fc2`, ... Weights are transposed to
-//! and from burn's `[in, out]` layout. Tensors may be F32 or F64 (converted to f32).
+//! - [`Mlp`]: layer `k` (0-based) is `fc{k+1}.weight` with PyTorch's shape `[out, in]` and
+//!   `fc{k+1}.bias` `[out]`, a module whose Linear layers are named `fc1`, `fc2`, ... Linear
+//!   weights are transposed to and from burn's `[in, out]` layout.
+//! - [`Cnn`]: `convs.{i}.weight` `[out, in, 3, 3]` and `convs.{i}.bias`; `norms.{i}.weight`,
+//!   `.bias`, `.running_mean`, `.running_var` (`[channels]`; `norms.{i}.num_batches_tracked`,
+//!   which PyTorch also writes, is accepted and not used: the momentum is fixed at 0.1);
+//!   `head.weight` `[classes, features]` and `head.bias`.
+//!
+//! Tensors may be F32 or F64 (converted to f32).
 //!
 //! ```
 //! use burn::tensor::Device;
 //! use localsgd_trainer::init_weights::{load_pytorch_safetensors, save_pytorch_safetensors};
+//! use localsgd_trainer::classifier::{Classifier, ModelSpec};
 //! use localsgd_trainer::model::MlpConfig;
 //!
 //! let device = Device::flex();
-//! let config = MlpConfig { input: 4, hidden: vec![3], classes: 2 };
-//! let model = config.init(1, &device).unwrap();
+//! let spec = ModelSpec::Mlp(MlpConfig { input: 4, hidden: vec![3], classes: 2 });
+//! let model = spec.init(1, &device).unwrap();
 //! let dir = std::env::temp_dir().join(format!("localsgd-doc-{}", std::process::id()));
 //! std::fs::create_dir_all(&dir).unwrap();
 //! let path = dir.join("init.safetensors");
 //! save_pytorch_safetensors(&model, &path).unwrap();
-//! let loaded = load_pytorch_safetensors(&path, &config, &device).unwrap();
+//! let Classifier::Mlp(loaded) = load_pytorch_safetensors(&path, &spec, &device).unwrap() else {
+//!     unreachable!()
+//! };
 //! assert_eq!(loaded.widths(), vec![4, 3, 2]);
 //! std::fs::remove_dir_all(&dir).unwrap();
 //! ```
@@ -25,10 +34,14 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
+use burn::module::Module;
 use burn::nn::Relu;
 use burn::tensor::{Device, Tensor};
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 
+use crate::batch_norm::BatchNorm2d;
+use crate::classifier::{Classifier, ModelSpec};
+use crate::cnn::{Cnn, CnnConfig, conv_from_pytorch};
 use crate::model::{Mlp, MlpConfig, ModelError, linear_from_pytorch};
 
 /// Everything that can go wrong loading or saving PyTorch safetensors weights.
@@ -66,14 +79,12 @@ pub enum InitWeightsError {
         found: Vec<String>,
     },
     /// The file holds tensors the configuration has no place for.
-    #[error(
-        "unexpected tensors {names:?}; a {layers}-layer MLP takes exactly fc1..fc{layers} weight and bias"
-    )]
+    #[error("unexpected tensors {names:?}; the model takes exactly {expected:?}")]
     UnexpectedTensors {
         /// The extra names, sorted.
         names: Vec<String>,
-        /// Number of Linear layers in the configuration.
-        layers: usize,
+        /// Every name the model takes, sorted.
+        expected: Vec<String>,
     },
     /// A tensor's shape disagrees with the configuration.
     #[error("tensor {name:?}: expected shape {expected:?}, found {found:?}")]
@@ -97,24 +108,24 @@ pub enum InitWeightsError {
     #[error("cannot read model tensor values: {0}")]
     TensorData(String),
     /// A layer of the model to save has no bias (the layout requires one per layer).
-    #[error("layer {layer} has no bias; the fcK layout needs a bias for every layer")]
+    #[error("layer {layer:?} has no bias; the PyTorch layout needs a bias for every layer")]
     MissingBias {
-        /// 0-based layer index.
-        layer: usize,
+        /// The layer's PyTorch name.
+        layer: String,
     },
 }
 
-/// Loads an [`Mlp`] shaped like `config` from the safetensors file at `path`.
+/// Loads a model shaped like `spec` from the safetensors file at `path`.
 pub fn load_pytorch_safetensors(
     path: &Path,
-    config: &MlpConfig,
+    spec: &ModelSpec,
     device: &Device,
-) -> Result<Mlp, InitWeightsError> {
+) -> Result<Classifier, InitWeightsError> {
     let bytes = std::fs::read(path).map_err(|source| InitWeightsError::Io {
         path: path.to_path_buf(),
         source,
     })?;
-    load_pytorch_safetensors_bytes(&bytes, path, config, device)
+    load_pytorch_safetensors_bytes(&bytes, path, spec, device)
 }
 
 /// Like [`load_pytorch_safetensors`] on bytes already in memory; `origin` only names them in
@@ -122,44 +133,104 @@ pub fn load_pytorch_safetensors(
 pub fn load_pytorch_safetensors_bytes(
     bytes: &[u8],
     origin: &Path,
-    config: &MlpConfig,
+    spec: &ModelSpec,
     device: &Device,
-) -> Result<Mlp, InitWeightsError> {
-    config.validate()?;
+) -> Result<Classifier, InitWeightsError> {
+    spec.validate()?;
     let file = SafeTensors::deserialize(bytes).map_err(|source| InitWeightsError::Format {
         path: origin.to_path_buf(),
         source,
     })?;
-    let widths = config.widths();
-    let layers = widths.len() - 1;
     let found: BTreeSet<String> = file.names().into_iter().map(str::to_string).collect();
-    let expected: BTreeSet<String> = (1..=layers)
-        .flat_map(|k| [format!("fc{k}.weight"), format!("fc{k}.bias")])
+    let (expected, ignored) = tensor_names(spec);
+    let extra: Vec<String> = found
+        .iter()
+        .filter(|n| !expected.contains(*n) && !ignored.contains(*n))
+        .cloned()
         .collect();
-    let extra: Vec<String> = found.difference(&expected).cloned().collect();
     if !extra.is_empty() {
         return Err(InitWeightsError::UnexpectedTensors {
             names: extra,
-            layers,
+            expected: expected.into_iter().collect(),
         });
     }
+    let read = |name: &str, shape: &[usize]| read_f32(&file, &found, name, shape);
+    Ok(match spec {
+        ModelSpec::Mlp(config) => Classifier::Mlp(load_mlp(config, read, device)?),
+        ModelSpec::Cnn(config) => Classifier::Cnn(load_cnn(config, read, device)?),
+    })
+}
+
+/// The tensor names `spec` takes, and those it accepts without using.
+fn tensor_names(spec: &ModelSpec) -> (BTreeSet<String>, BTreeSet<String>) {
+    let mut names = BTreeSet::new();
+    let mut ignored = BTreeSet::new();
+    match spec {
+        ModelSpec::Mlp(config) => {
+            for k in 1..config.widths().len() {
+                names.extend([format!("fc{k}.weight"), format!("fc{k}.bias")]);
+            }
+        }
+        ModelSpec::Cnn(config) => {
+            for i in 0..config.channels.len() {
+                names.extend([format!("convs.{i}.weight"), format!("convs.{i}.bias")]);
+                for part in ["weight", "bias", "running_mean", "running_var"] {
+                    names.insert(format!("norms.{i}.{part}"));
+                }
+                ignored.insert(format!("norms.{i}.num_batches_tracked"));
+            }
+            names.extend(["head.weight".to_string(), "head.bias".to_string()]);
+        }
+    }
+    (names, ignored)
+}
+
+fn load_mlp(
+    config: &MlpConfig,
+    read: impl Fn(&str, &[usize]) -> Result<Vec<f32>, InitWeightsError>,
+    device: &Device,
+) -> Result<Mlp, InitWeightsError> {
+    let widths = config.widths();
     let mut model = Mlp {
-        layers: Vec::with_capacity(layers),
+        layers: Vec::with_capacity(widths.len() - 1),
         activation: Relu::new(),
     };
     for (k, pair) in widths.windows(2).enumerate() {
         let (fan_in, fan_out) = (pair[0], pair[1]);
-        let weight = read_f32(
-            &file,
-            &found,
-            &format!("fc{}.weight", k + 1),
-            &[fan_out, fan_in],
-        )?;
-        let bias = read_f32(&file, &found, &format!("fc{}.bias", k + 1), &[fan_out])?;
+        let weight = read(&format!("fc{}.weight", k + 1), &[fan_out, fan_in])?;
+        let bias = read(&format!("fc{}.bias", k + 1), &[fan_out])?;
         model
             .layers
             .push(linear_from_pytorch(&weight, &bias, fan_in, fan_out, device));
     }
+    Ok(model)
+}
+
+fn load_cnn(
+    config: &CnnConfig,
+    read: impl Fn(&str, &[usize]) -> Result<Vec<f32>, InitWeightsError>,
+    device: &Device,
+) -> Result<Cnn, InitWeightsError> {
+    let mut model = config.init(0, device)?;
+    let mut prev = 1;
+    for (i, &c) in config.channels.iter().enumerate() {
+        let weight = read(&format!("convs.{i}.weight"), &[c, prev, 3, 3])?;
+        let bias = read(&format!("convs.{i}.bias"), &[c])?;
+        model.convs[i] = conv_from_pytorch(&weight, &bias, prev, c, device);
+        let part = |name: &str| read(&format!("norms.{i}.{name}"), &[c]);
+        model.norms[i] = BatchNorm2d::from_values(
+            &part("weight")?,
+            &part("bias")?,
+            &part("running_mean")?,
+            &part("running_var")?,
+            device,
+        );
+        prev = c;
+    }
+    let features = config.head_inputs();
+    let weight = read("head.weight", &[config.classes, features])?;
+    let bias = read("head.bias", &[config.classes])?;
+    model.head = linear_from_pytorch(&weight, &bias, features, config.classes, device);
     Ok(model)
 }
 
@@ -200,29 +271,56 @@ fn read_f32(
     }
 }
 
-/// Writes `model` to `path` in the `fcK.weight` (`[out, in]`, F32) / `fcK.bias` layout.
-pub fn save_pytorch_safetensors(model: &Mlp, path: &Path) -> Result<(), InitWeightsError> {
+/// Writes `model` to `path` in its PyTorch layout (module docs), all tensors F32; running
+/// statistics are written as they stand after the pending update is applied.
+pub fn save_pytorch_safetensors(model: &Classifier, path: &Path) -> Result<(), InitWeightsError> {
     let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
-    for (k, layer) in model.layers.iter().enumerate() {
-        let [fan_in, fan_out] = layer.weight.shape().dims();
-        let w_in_out = to_f32_vec(layer.weight.val())?;
-        let mut w_out_in = vec![0.0f32; fan_in * fan_out];
-        for i in 0..fan_in {
-            for o in 0..fan_out {
-                w_out_in[o * fan_in + i] = w_in_out[i * fan_out + o];
+    match model {
+        Classifier::Mlp(mlp) => {
+            for (k, layer) in mlp.layers.iter().enumerate() {
+                push_linear(&mut tensors, &format!("fc{}", k + 1), layer)?;
             }
         }
-        let bias = layer
-            .bias
-            .as_ref()
-            .ok_or(InitWeightsError::MissingBias { layer: k })?;
-        let bias = to_f32_vec(bias.val())?;
-        tensors.push((
-            format!("fc{}.weight", k + 1),
-            vec![fan_out, fan_in],
-            le_bytes(&w_out_in),
-        ));
-        tensors.push((format!("fc{}.bias", k + 1), vec![fan_out], le_bytes(&bias)));
+        Classifier::Cnn(cnn) => {
+            let cnn = cnn.valid();
+            for (i, conv) in cnn.convs.iter().enumerate() {
+                let name = format!("convs.{i}");
+                let dims: [usize; 4] = conv.weight.shape().dims();
+                let bias = conv
+                    .bias
+                    .as_ref()
+                    .ok_or_else(|| InitWeightsError::MissingBias {
+                        layer: name.clone(),
+                    })?;
+                tensors.push((
+                    format!("{name}.weight"),
+                    dims.to_vec(),
+                    le_bytes(&to_f32_vec(conv.weight.val())?),
+                ));
+                tensors.push((
+                    format!("{name}.bias"),
+                    vec![dims[0]],
+                    le_bytes(&to_f32_vec(bias.val())?),
+                ));
+            }
+            for (i, norm) in cnn.norms.iter().enumerate() {
+                let parts = [
+                    ("weight", norm.gamma.val()),
+                    ("bias", norm.beta.val()),
+                    ("running_mean", norm.running_mean.value()),
+                    ("running_var", norm.running_var.value()),
+                ];
+                for (part, t) in parts {
+                    let values = to_f32_vec(t)?;
+                    tensors.push((
+                        format!("norms.{i}.{part}"),
+                        vec![values.len()],
+                        le_bytes(&values),
+                    ));
+                }
+            }
+            push_linear(&mut tensors, "head", &cnn.head)?;
+        }
     }
     let format_err = |source| InitWeightsError::Format {
         path: path.to_path_buf(),
@@ -240,6 +338,39 @@ pub fn save_pytorch_safetensors(model: &Mlp, path: &Path) -> Result<(), InitWeig
         path: path.to_path_buf(),
         source,
     })
+}
+
+/// A Linear layer as `{name}.weight` (`[out, in]`) and `{name}.bias`.
+fn push_linear(
+    tensors: &mut Vec<(String, Vec<usize>, Vec<u8>)>,
+    name: &str,
+    layer: &burn::nn::Linear,
+) -> Result<(), InitWeightsError> {
+    let [fan_in, fan_out] = layer.weight.shape().dims();
+    let w_in_out = to_f32_vec(layer.weight.val())?;
+    let mut w_out_in = vec![0.0f32; fan_in * fan_out];
+    for i in 0..fan_in {
+        for o in 0..fan_out {
+            w_out_in[o * fan_in + i] = w_in_out[i * fan_out + o];
+        }
+    }
+    let bias = layer
+        .bias
+        .as_ref()
+        .ok_or_else(|| InitWeightsError::MissingBias {
+            layer: name.to_string(),
+        })?;
+    tensors.push((
+        format!("{name}.weight"),
+        vec![fan_out, fan_in],
+        le_bytes(&w_out_in),
+    ));
+    tensors.push((
+        format!("{name}.bias"),
+        vec![fan_out],
+        le_bytes(&to_f32_vec(bias.val())?),
+    ));
+    Ok(())
 }
 
 /// A float tensor's values as f32, row-major.

@@ -2,12 +2,16 @@
 //!
 //! The phase-ordered training pipeline ([`pipeline`]), checkpoints ([`checkpoint`]), the run
 //! configuration ([`config`]) and the pieces of the `localsgd` binary: data sets ([`data`]), the
-//! MLP ([`model`]), PyTorch weight import ([`init_weights`]), metrics and plots.
+//! models ([`model`]'s MLP, [`cnn`] with [`batch_norm`], both behind [`classifier`]), PyTorch
+//! weight import and export ([`init_weights`]), metrics and plots.
 #![deny(missing_docs)]
 
 pub mod algorithm;
+pub mod batch_norm;
 pub mod checkpoint;
+pub mod classifier;
 pub mod cli;
+pub mod cnn;
 pub mod config;
 pub mod data;
 pub mod denormals;

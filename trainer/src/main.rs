@@ -125,6 +125,9 @@ fn train(flags: &ConfigFlags) -> Result<()> {
         return process_train::train(flags, cfg);
     }
     let data = run::load_data(&cfg).context("loading the data set")?;
+    // A model the data cannot feed (a CNN on non-square inputs) is refused before the run
+    // directory is touched.
+    run::model_config(&cfg, &data.train)?;
     let dir = prepare_run_dir(&cfg)?;
     let started = Instant::now();
     let results = run::train_threads(&cfg, &data, Some(&dir), progress_bar(&cfg))?;
@@ -222,7 +225,7 @@ fn report(
     });
     std::fs::write(dir.join("summary.json"), format!("{summary:#}\n"))?;
     println!(
-        "run directory: {} (config.toml, metrics, loss.svg, summary.json, checkpoints/)",
+        "run directory: {} (config.toml, metrics, loss.svg, summary.json, model.safetensors, checkpoints/)",
         dir.display()
     );
     Ok(())

@@ -42,6 +42,34 @@ pub enum ModelError {
         /// Position of the zero in `widths`.
         position: usize,
     },
+    /// The CNN needs square images and the input is not `side * side` features.
+    #[error(
+        "model `cnn` needs square images: {features} input features is not side x side (e.g. 784 = 28 x 28, 64 = 8 x 8); use model `mlp` for this data"
+    )]
+    NotSquare {
+        /// Number of input features.
+        features: usize,
+    },
+    /// The CNN's channel list or class count is empty or zero.
+    #[error(
+        "model `cnn`: channels {channels:?} and {classes} classes; expected at least one block of positive channels, e.g. [8, 16], and at least one class"
+    )]
+    Channels {
+        /// The channels given.
+        channels: Vec<usize>,
+        /// The classes.
+        classes: usize,
+    },
+    /// The image side cannot be halved by every block.
+    #[error(
+        "model `cnn`: an image side of {side} cannot be halved by {blocks} pooling blocks; the side must be a multiple of 2^{blocks} (use fewer `channels`)"
+    )]
+    SideNotDivisible {
+        /// The image side.
+        side: usize,
+        /// Number of conv blocks.
+        blocks: usize,
+    },
 }
 
 /// A multi-layer perceptron: Linear layers with ReLU between them (none after the last).
@@ -161,7 +189,7 @@ pub(crate) fn linear_from_pytorch(
 }
 
 /// One draw from `U(-bound, bound)` (`u * (to - from) + from`, as torch's `uniform_`), in f32.
-fn uniform(rng: &mut ChaCha8Rng, bound: f64) -> f32 {
+pub(crate) fn uniform(rng: &mut ChaCha8Rng, bound: f64) -> f32 {
     let u: f64 = rng.random();
     (u * 2.0 * bound - bound) as f32
 }

@@ -141,6 +141,7 @@ fn train_rank(cfg: &TrainConfig, world: &ProcessWorld) -> Result<()> {
         );
     }
     let data = run::load_data(cfg).context("loading the data set")?;
+    run::model_config(cfg, &data.train)?;
     // Rank 0 owns the run directory; the others wait until it exists (they write checkpoint
     // files into it).
     let dir = if rank == 0 {

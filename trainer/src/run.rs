@@ -1,14 +1,18 @@
-//! A complete training run of the built-in MLP, as the `localsgd` binary does it: data, model,
+//! A complete training run of one of the built-in models (MLP or CNN), as the `localsgd` binary does it: data, model,
 //! algorithm, pipeline, checkpoints, metrics and evaluation, on every rank.
 
 use crate::algorithm::{self, AlgorithmSpec};
 use crate::checkpoint::{CheckpointDir, CheckpointError, RankCheckpoint, RunIdentity};
-use crate::config::{DatasetKind, DeviceKind, LrScheduleKind, OptimizerKind, TrainConfig};
+use crate::classifier::{Classifier, Classify, ModelSpec};
+use crate::cnn::CnnConfig;
+use crate::config::{
+    DatasetKind, DeviceKind, LrScheduleKind, ModelKind, OptimizerKind, TrainConfig,
+};
 use crate::data::{self, DataError, Dataset, ShardSampler, TrainTest};
-use crate::init_weights::{InitWeightsError, load_pytorch_safetensors};
+use crate::init_weights::{InitWeightsError, load_pytorch_safetensors, save_pytorch_safetensors};
 use crate::lr_schedule::LrSchedule;
 use crate::metrics::{EvalWriter, MetricsWriter};
-use crate::model::{Mlp, MlpConfig, ModelError};
+use crate::model::{MlpConfig, ModelError};
 use crate::pipeline::{
     BatchSource, CheckpointContext, DataPosition, Outcome, PhaseTimes, Pipeline, PipelineError,
     PipelineOptions,
@@ -24,6 +28,11 @@ use localsgd_comm::{CommError, Group, GroupExt, Traffic};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// The file in the run directory that holds rank 0's final model as PyTorch safetensors
+/// (names and layout of [`crate::init_weights`]; loads with `--init-weights` and with
+/// `model.load_state_dict(safetensors.torch.load_file(...))` into the PyTorch twin).
+pub const MODEL_FILE: &str = "model.safetensors";
 
 /// Why a run failed.
 #[derive(Debug, thiserror::Error)]
@@ -175,13 +184,21 @@ pub fn load_data(cfg: &TrainConfig) -> Result<TrainTest, DataError> {
     }
 }
 
-/// The model shape for a data set.
-pub fn model_config(cfg: &TrainConfig, train: &Dataset) -> MlpConfig {
-    MlpConfig {
-        input: train.dim(),
-        hidden: cfg.hidden.clone(),
-        classes: train.num_classes(),
-    }
+/// The model shape for a data set: the configured `model` over the data's features and
+/// classes.
+pub fn model_config(cfg: &TrainConfig, train: &Dataset) -> Result<ModelSpec, ModelError> {
+    Ok(match cfg.model {
+        ModelKind::Mlp => ModelSpec::Mlp(MlpConfig {
+            input: train.dim(),
+            hidden: cfg.hidden.clone(),
+            classes: train.num_classes(),
+        }),
+        ModelKind::Cnn => ModelSpec::Cnn(CnnConfig::for_features(
+            train.dim(),
+            cfg.channels.clone(),
+            train.num_classes(),
+        )?),
+    })
 }
 
 /// What every checkpoint of a run of `spec` on `world` ranks records about the run, and what a
@@ -244,23 +261,25 @@ pub fn lr_schedule(cfg: &TrainConfig, iterations: u64) -> LrSchedule {
     }
 }
 
-/// Mean cross-entropy of the MLP on a batch (PyTorch's `CrossEntropyLoss()` default).
-pub fn loss(model: &Mlp, batch: &(Tensor<2>, Tensor<1, Int>)) -> Tensor<1> {
+/// Mean cross-entropy of a model on a batch (PyTorch's `CrossEntropyLoss()` default).
+pub fn loss<M: Classify>(model: &M, batch: &(Tensor<2>, Tensor<1, Int>)) -> Tensor<1> {
     let (x, y) = batch;
-    let logits = model.forward(x.clone());
+    let logits = model.logits(x.clone());
     CrossEntropyLoss::new(None, &logits.device()).forward(logits, y.clone())
 }
 
-/// Fraction of `data` the model classifies correctly.
-pub fn accuracy(model: &Mlp, data: &Dataset, device: &Device) -> Result<f64, RunError> {
+/// Fraction of `data` the model classifies correctly, in evaluation mode (`Module::valid`:
+/// no autodiff, batch normalization from its running statistics, which are left unchanged).
+pub fn accuracy<M: Classify>(model: &M, data: &Dataset, device: &Device) -> Result<f64, RunError> {
     if data.is_empty() {
         return Ok(0.0);
     }
+    let model = model.valid();
     let indices: Vec<usize> = (0..data.len()).collect();
     let mut correct = 0usize;
     for chunk in indices.chunks(1024) {
         let (x, _) = data.batch_tensors(chunk, device)?;
-        let logits = model.forward(x).detach();
+        let logits = model.logits(x.inner());
         let classes = logits.dims()[1];
         let values: Vec<f32> = logits
             .into_data()
@@ -378,19 +397,27 @@ pub fn train_worker(
         crate::denormals::flush_on_compute_threads()?;
     }
     let device = compute_device(cfg.device, &group)?;
-    let mcfg = model_config(cfg, &data.train);
+    let mcfg = model_config(cfg, &data.train)?;
     let mut model = match &cfg.init_weights {
         Some(path) => load_pytorch_safetensors(path, &mcfg, &device)?,
         None => mcfg.init(cfg.seed, &device)?,
     };
+    // Optimizer steps per epoch: an incomplete accumulation at the epoch's end is not stepped.
+    let batches = ShardSampler::new(data.train.len(), world, rank)?.num_batches(cfg.batch_size)?;
+    let per_epoch = (batches / cfg.accumulate.max(1)) as u64;
+    if per_epoch == 0 {
+        return Err(PipelineError::Config(format!(
+            "invalid setting `accumulate` = {}: each rank's epoch has {batches} batches of {}, so \
+             at most {batches} micro-batches fit in an optimizer step",
+            cfg.accumulate, cfg.batch_size,
+        ))
+        .into());
+    }
     let with_warmup;
     let cfg = match cfg.warmup_epochs {
         Some(epochs) => {
-            let per_epoch = ShardSampler::new(data.train.len(), world, rank)?
-                .num_batches(cfg.batch_size)?
-                / cfg.accumulate.max(1);
             let mut c = cfg.clone();
-            c.warmup = i64::try_from(epochs.saturating_mul(per_epoch as u64)).map_err(|_| {
+            c.warmup = i64::try_from(epochs.saturating_mul(per_epoch)).map_err(|_| {
                 PipelineError::Config(format!(
                     "invalid setting `warmup-epochs` = {epochs}: {epochs} epochs of {per_epoch} \
                      steps overflow the warmup counter"
@@ -431,10 +458,11 @@ pub fn train_worker(
     if let Some(dir) = &ckpt_dir {
         let dir = dir.clone();
         let identity = identity.clone();
-        pipeline = pipeline.with_checkpointer(Box::new(move |ctx: &CheckpointContext<'_, Mlp>| {
-            save_checkpoint(&dir, &identity, ctx)
-                .map_err(|e| PipelineError::Checkpoint(e.to_string()))
-        }));
+        pipeline =
+            pipeline.with_checkpointer(Box::new(move |ctx: &CheckpointContext<'_, Classifier>| {
+                save_checkpoint(&dir, &identity, ctx)
+                    .map_err(|e| PipelineError::Checkpoint(e.to_string()))
+            }));
     }
 
     let mut position = DataPosition::default();
@@ -462,19 +490,6 @@ pub fn train_worker(
         sampler = sampler.with_shuffle(cfg.seed);
     }
     let mut loader = ShardLoader::new(train, sampler, cfg.batch_size, device.clone(), position)?;
-    // Optimizer steps per epoch: an incomplete accumulation at the epoch's end is not stepped.
-    let per_epoch = (loader.batches_per_epoch() / cfg.accumulate.max(1)) as u64;
-    if per_epoch == 0 {
-        return Err(PipelineError::Config(format!(
-            "invalid setting `accumulate` = {}: each rank's epoch has {} batches of {}, so at most \
-             {} micro-batches fit in an optimizer step",
-            cfg.accumulate,
-            loader.batches_per_epoch(),
-            cfg.batch_size,
-            loader.batches_per_epoch()
-        ))
-        .into());
-    }
     let total = cfg.steps.unwrap_or(per_epoch * cfg.epochs);
     let mut pipeline =
         pipeline.with_lr_scheduler(ModuleLrScheduler::new(lr_schedule(cfg, total).scheduler()));
@@ -499,7 +514,7 @@ pub fn train_worker(
     let mut samples = 0u64;
     let mut last_global = None;
     let mut curve = Vec::new();
-    let loss_fn = |m: &Mlp, b: &(Tensor<2>, Tensor<1, Int>)| loss(m, b);
+    let loss_fn = |m: &Classifier, b: &(Tensor<2>, Tensor<1, Int>)| loss(m, b);
     while pipeline.iteration() < total {
         if cfg.steps.is_none() && loader.epoch() >= cfg.epochs {
             break;
@@ -567,6 +582,13 @@ pub fn train_worker(
     }
 
     let model = pipeline.finish(model)?;
+    // Rank 0's own final model, in its PyTorch twin's state_dict layout.
+    if let (0, Some(dir)) = (rank, run_dir) {
+        save_pytorch_safetensors(&model, &dir.join(MODEL_FILE)).map_err(|e| RunError::Output {
+            what: MODEL_FILE.into(),
+            message: e.to_string(),
+        })?;
+    }
     let local_test_accuracy = accuracy(&model, &data.test, &device)?;
     let params = flatten_params(&model, &ParamSelection::All)
         .map_err(RunError::Comm)?
@@ -590,7 +612,7 @@ pub fn train_worker(
 }
 
 /// The world average of the ranks' models (for evaluation; the ranks' own models are unchanged).
-fn average_model(model: Mlp, group: &Group) -> Result<Mlp, RunError> {
+fn average_model(model: Classifier, group: &Group) -> Result<Classifier, RunError> {
     let mut flat = flatten_params(&model, &ParamSelection::All)?;
     match &mut flat.buffer {
         FlatBuffer::F32(v) => group.average_slice(v)?,
@@ -604,7 +626,7 @@ fn average_model(model: Mlp, group: &Group) -> Result<Mlp, RunError> {
 pub fn save_checkpoint(
     dir: &CheckpointDir,
     identity: &RunIdentity,
-    ctx: &CheckpointContext<'_, Mlp>,
+    ctx: &CheckpointContext<'_, Classifier>,
 ) -> Result<(), RunError> {
     let rank = ctx.group.rank();
     if rank == 0 {

@@ -609,3 +609,76 @@ fn warmup_epochs_switch_at_the_epoch_boundary() {
         }
     }
 }
+
+/// The CNN (`--model cnn`) trains end to end with each buffer policy; its BatchNorm running
+/// statistics leave their initial values and reach `model.safetensors`. Inputs it cannot take
+/// are refused before the run directory exists, naming the numbers.
+#[test]
+fn cnn_trains_with_each_buffer_policy_and_refuses_shapes_it_cannot_take() {
+    let dir = tempfile::tempdir().unwrap();
+    for buffers in ["broadcast", "average", "local"] {
+        let run = dir.path().join(buffers);
+        ok(&localsgd(&[
+            "train",
+            "--progress",
+            "false",
+            "--model",
+            "cnn",
+            "--algorithm",
+            "post-local-sgd",
+            "--warmup",
+            "4",
+            "--period",
+            "2",
+            "--buffers",
+            buffers,
+            "--steps",
+            "8",
+            "--run-dir",
+            run.to_str().unwrap(),
+        ]));
+        let bytes = std::fs::read(run.join("model.safetensors")).unwrap();
+        let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let var = file.tensor("norms.1.running_var").unwrap();
+        assert_eq!(var.shape(), [16]);
+        // 8 updates with momentum 0.1 move every channel's variance away from its initial 1.
+        assert!(
+            var.data()
+                .chunks_exact(4)
+                .all(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) != 1.0),
+            "{buffers}: running_var untouched"
+        );
+    }
+    let run = dir.path().join("refused");
+    for (args, expected) in [
+        (
+            &["--dataset", "synthetic", "--synthetic-dim", "10"][..],
+            "10 input features is not side x side",
+        ),
+        (
+            &["--channels", "8,16,32,64"][..],
+            "side of 8 cannot be halved by 4 pooling blocks",
+        ),
+    ] {
+        let mut all = vec!["train", "--progress", "false", "--model", "cnn"];
+        all.extend(args);
+        all.extend(["--run-dir", run.to_str().unwrap()]);
+        let out = localsgd(&all);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(expected), "{err}");
+        assert!(!run.exists(), "{args:?}: the run directory was created");
+    }
+    assert_rejected(
+        &[
+            "train",
+            "--model",
+            "cnn",
+            "--channels",
+            "8,0",
+            "--run-dir",
+            run.to_str().unwrap(),
+        ],
+        "channels",
+        &run,
+    );
+}

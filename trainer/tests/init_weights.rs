@@ -1,13 +1,16 @@
-//! Loading PyTorch-layout safetensors into an `Mlp`: values, layout and every error case.
+//! Loading PyTorch-layout safetensors into the MLP and the CNN: values, layout and every error
+//! case.
 
 use std::collections::HashMap;
 use std::path::Path;
 
 use burn::tensor::{Device, Tensor, TensorData};
+use localsgd_trainer::classifier::{Classifier, Classify, ModelSpec};
+use localsgd_trainer::cnn::CnnConfig;
 use localsgd_trainer::init_weights::{
     InitWeightsError, load_pytorch_safetensors, save_pytorch_safetensors,
 };
-use localsgd_trainer::model::MlpConfig;
+use localsgd_trainer::model::{Mlp, MlpConfig};
 use safetensors::{Dtype, tensor::TensorView};
 
 /// (name, dtype, shape, little-endian bytes)
@@ -46,11 +49,18 @@ fn good_entries() -> Vec<Entry> {
     ]
 }
 
-fn config() -> MlpConfig {
-    MlpConfig {
+fn config() -> ModelSpec {
+    ModelSpec::Mlp(MlpConfig {
         input: 3,
         hidden: vec![2],
         classes: 2,
+    })
+}
+
+fn mlp(model: Classifier) -> Mlp {
+    match model {
+        Classifier::Mlp(m) => m,
+        other => panic!("expected an MLP, got {other:?}"),
     }
 }
 
@@ -60,7 +70,7 @@ fn forward_matches_hand_computed_linear_layers() {
     let path = dir.path().join("w.safetensors");
     write(&path, &good_entries());
     let device = Device::flex();
-    let model = load_pytorch_safetensors(&path, &config(), &device).unwrap();
+    let model = mlp(load_pytorch_safetensors(&path, &config(), &device).unwrap());
     let x = Tensor::<2>::from_data(
         TensorData::new(vec![1.0f32, 1.0, 1.0, 2.0, 0.0, -1.0], [2, 3]),
         &device,
@@ -113,7 +123,8 @@ fn save_writes_pytorch_layout_and_roundtrips() {
 
     let seeded = config().init(3, &device).unwrap();
     save_pytorch_safetensors(&seeded, &out).unwrap();
-    let back = load_pytorch_safetensors(&out, &config(), &device).unwrap();
+    let back = mlp(load_pytorch_safetensors(&out, &config(), &device).unwrap());
+    let seeded = mlp(seeded);
     for (a, b) in seeded.layers.iter().zip(&back.layers) {
         assert_eq!(a.weight.val().into_data(), b.weight.val().into_data());
         let (ab, bb) = (a.bias.as_ref().unwrap(), b.bias.as_ref().unwrap());
@@ -121,7 +132,7 @@ fn save_writes_pytorch_layout_and_roundtrips() {
     }
 }
 
-fn load_err(entries: &[Entry], config: &MlpConfig) -> InitWeightsError {
+fn load_err(entries: &[Entry], config: &ModelSpec) -> InitWeightsError {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("w.safetensors");
     write(&path, entries);
@@ -152,7 +163,7 @@ fn extra_tensor_is_named() {
     entries.push(f32_entry("fc3.weight", &[1, 2], &[0.0, 0.0]));
     let err = load_err(&entries, &config());
     assert!(
-        matches!(&err, InitWeightsError::UnexpectedTensors { names, layers: 2 } if names == &["fc3.weight"]),
+        matches!(&err, InitWeightsError::UnexpectedTensors { names, expected } if names == &["fc3.weight"] && expected.len() == 4),
         "{err:?}"
     );
 }
@@ -180,7 +191,7 @@ fn shape_mismatch_names_tensor_and_shapes() {
         classes: 2,
     };
     assert!(matches!(
-        load_err(&good_entries(), &wide),
+        load_err(&good_entries(), &ModelSpec::Mlp(wide)),
         InitWeightsError::ShapeMismatch { .. }
     ));
 }
@@ -214,7 +225,67 @@ fn unreadable_or_invalid_files() {
         classes: 2,
     };
     assert!(matches!(
-        load_err(&good_entries(), &bad),
+        load_err(&good_entries(), &ModelSpec::Mlp(bad)),
         InitWeightsError::Config(_)
     ));
+}
+
+/// A one-block CNN on 2x2 images, by hand: conv 3x3 (padding 1) with a single non-zero tap, batch
+/// normalization from the file's running statistics (evaluation mode), ReLU, 2x2 max pooling, a
+/// 1 -> 2 head. PyTorch's `num_batches_tracked` is accepted; the saved file has the same
+/// tensors back (without it).
+#[test]
+fn cnn_loads_runs_and_roundtrips_in_pytorch_layout() {
+    let spec = ModelSpec::Cnn(CnnConfig {
+        side: 2,
+        channels: vec![1],
+        classes: 2,
+    });
+    // Centre tap 2, bias 1: conv(x) = 2x + 1 at every pixel.
+    let mut kernel = [0.0f32; 9];
+    kernel[4] = 2.0;
+    let entries = vec![
+        f32_entry("convs.0.weight", &[1, 1, 3, 3], &kernel),
+        f32_entry("convs.0.bias", &[1], &[1.0]),
+        f32_entry("norms.0.weight", &[1], &[0.5]),
+        f32_entry("norms.0.bias", &[1], &[-1.0]),
+        f32_entry("norms.0.running_mean", &[1], &[3.0]),
+        f32_entry("norms.0.running_var", &[1], &[4.0 - 1e-5]),
+        f32_entry("norms.0.num_batches_tracked", &[], &[7.0]),
+        f32_entry("head.weight", &[2, 1], &[1.0, -2.0]),
+        f32_entry("head.bias", &[2], &[0.0, 10.0]),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cnn.safetensors");
+    write(&path, &entries);
+    let device = Device::flex();
+    let model = load_pytorch_safetensors(&path, &spec, &device).unwrap();
+    // Pixels [1, 2, 3, 5]: conv 3, 5, 7, 11; norm 0.5 (v - 3) / sqrt(4) - 1 = -1, -0.5, 0, 1;
+    // ReLU then max: 1; head [1, -2 + 10] = [1, 8].
+    let x = Tensor::<2>::from_data(
+        TensorData::new(vec![1.0f32, 2.0, 3.0, 5.0], [1, 4]),
+        &device,
+    );
+    let out = model.logits(x).into_data().try_to_vec::<f32>().unwrap();
+    assert!(
+        (out[0] - 1.0).abs() < 1e-5 && (out[1] - 8.0).abs() < 1e-5,
+        "{out:?}"
+    );
+
+    let saved = dir.path().join("saved.safetensors");
+    save_pytorch_safetensors(&model, &saved).unwrap();
+    let bytes = std::fs::read(&saved).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    for (name, _, shape, raw) in entries
+        .iter()
+        .filter(|e| !e.0.ends_with("num_batches_tracked"))
+    {
+        let view = file.tensor(name).unwrap();
+        assert_eq!(
+            (view.shape(), view.data()),
+            (shape.as_slice(), raw.as_slice()),
+            "{name}"
+        );
+    }
+    assert_eq!(file.names().len(), 8);
 }

@@ -2,7 +2,10 @@
 //! relative for 40 iterations of the digits MLP on 2 workers, for DDP with weight decay and
 //! global-norm clipping, a step learning-rate schedule through post-local SGD's switch, AdamW with
 //! a linear warmup, gradient accumulation of 2 micro-batches through post-local SGD's switch, and
-//! cosine annealing. The numbers come from `scripts/pytorch_reference.py`
+//! cosine annealing; and the CNN with batch normalization (`--model cnn`) under DDP and through
+//! post-local SGD's switch, where rank 0's final parameters and BatchNorm running statistics
+//! (`model.safetensors`) are compared with PyTorch's final `state_dict` too. The numbers come
+//! from `scripts/pytorch_reference.py`
 //! (PyTorch 2.15, CPU, gloo; its rank 1 starts from other weights, which DDP's construction-time
 //! broadcast replaces), committed in `tests/data/pytorch_reference.json`.
 
@@ -11,17 +14,41 @@ use std::process::Command;
 
 const TOLERANCE: f64 = 1e-5;
 
+/// Final tensors (CNN cases): `|ours - theirs| <= FINAL_TOLERANCE * max(1, |theirs|)` (measured:
+/// at most 8.1e-7; burn's own `BatchNorm`, with its biased running variance, would leave the first
+/// block's running variance off by about 5e-4 relative: the factor n / (n - 1), n = 32 x 8 x 8).
+const FINAL_TOLERANCE: f64 = 1e-5;
+
+/// Every tensor of a safetensors file (F32), by name.
+fn tensors(path: &Path) -> std::collections::BTreeMap<String, Vec<f32>> {
+    let bytes = std::fs::read(path).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    file.tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            assert_eq!(view.dtype(), safetensors::Dtype::F32, "{name}");
+            let values = view
+                .data()
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            (name, values)
+        })
+        .collect()
+}
+
 #[test]
-fn losses_match_pytorch_for_schedules_weight_decay_clipping_adamw_and_accumulation() {
+fn losses_match_pytorch_for_schedules_weight_decay_clipping_adamw_accumulation_and_batch_norm() {
     let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
     let reference: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(data.join("pytorch_reference.json")).unwrap(),
     )
     .unwrap();
-    let init = data.join(reference["init_weights"].as_str().unwrap());
+    let mlp_init = data.join(reference["init_weights"].as_str().unwrap());
+    let cnn_init = data.join(reference["cnn_init_weights"].as_str().unwrap());
     let steps = reference["steps"].as_u64().unwrap().to_string();
     let cases = reference["cases"].as_object().unwrap();
-    assert_eq!(cases.len(), 5);
+    assert_eq!(cases.len(), 7);
     let dir = tempfile::tempdir().unwrap();
     for (name, case) in cases {
         let run = dir.path().join(name);
@@ -43,6 +70,12 @@ fn losses_match_pytorch_for_schedules_weight_decay_clipping_adamw_and_accumulati
         .iter()
         .map(|s| s.to_string())
         .collect();
+        let final_state = case.get("final_state").and_then(|v| v.as_str());
+        let init = if final_state.is_some() {
+            &cnn_init
+        } else {
+            &mlp_init
+        };
         args.extend(["--init-weights".into(), init.display().to_string()]);
         args.extend(["--run-dir".into(), run.display().to_string()]);
         for flag in case["flags"].as_array().unwrap() {
@@ -79,6 +112,28 @@ fn losses_match_pytorch_for_schedules_weight_decay_clipping_adamw_and_accumulati
                 rel <= TOLERANCE,
                 "{name}, iteration {i}: ours {a}, PyTorch {b} (relative difference {rel:.2e})"
             );
+        }
+        if let Some(file) = final_state {
+            let theirs = tensors(&data.join(file));
+            let ours = tensors(&run.join("model.safetensors"));
+            let names: Vec<&String> = theirs
+                .keys()
+                .filter(|n| !n.ends_with("num_batches_tracked"))
+                .collect();
+            assert_eq!(
+                names,
+                ours.keys().collect::<Vec<_>>(),
+                "{name}: tensor names"
+            );
+            for n in names {
+                for (i, (a, b)) in ours[n].iter().zip(&theirs[n]).enumerate() {
+                    let (a, b) = (*a as f64, *b as f64);
+                    assert!(
+                        (a - b).abs() <= FINAL_TOLERANCE * b.abs().max(1.0),
+                        "{name}: final {n}[{i}]: ours {a}, PyTorch {b}"
+                    );
+                }
+            }
         }
     }
 }
