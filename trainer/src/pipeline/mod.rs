@@ -409,12 +409,7 @@ impl<M: Module> Pipeline<M> {
                         return Ok(Outcome::EndOfData(m));
                     }
                     if self.options.buffers == BufferPolicy::Broadcast {
-                        let buffers = ParamSelection::buffers(&m);
-                        if buffers.is_empty() {
-                            m
-                        } else {
-                            broadcast_in_group(settle_buffers(m), &buffers, &self.group, 0)?
-                        }
+                        broadcast_buffers(m, &self.group)?
                     } else {
                         m
                     }
@@ -527,14 +522,7 @@ impl<M: Module> Pipeline<M> {
                         };
                         let m = averager.average_parameters(m, &sel)?;
                         match buffers_group {
-                            Some(group) => {
-                                let buffers = ParamSelection::buffers(&m);
-                                if buffers.is_empty() {
-                                    m
-                                } else {
-                                    average_in_group(settle_buffers(m), &buffers, &group)?
-                                }
-                            }
+                            Some(group) => average_buffers(m, &group)?,
                             None => m,
                         }
                     }
@@ -645,13 +633,41 @@ fn settle_buffers<M: Module>(model: M) -> M {
     model.train()
 }
 
-/// [`settle_buffers`] when the module has buffers.
-fn settle_if_buffers<M: Module>(model: M) -> M {
+/// [`settle_buffers`] when the module has buffers: the buffers' latest values become visible
+/// (call it before reading or saving a module that ran forward passes). Other modules are
+/// returned as they are.
+pub fn settle_if_buffers<M: Module>(model: M) -> M {
     if ParamSelection::buffers(&model).is_empty() {
         model
     } else {
         settle_buffers(model)
     }
+}
+
+/// [`BufferPolicy::Broadcast`]'s step: every rank of `group` takes rank 0's buffers (pending
+/// updates applied first). Collective; nothing is sent for a module without buffers.
+pub fn broadcast_buffers<M: Module>(model: M, group: &Group) -> Result<M, PipelineError> {
+    let buffers = ParamSelection::buffers(&model);
+    if buffers.is_empty() {
+        return Ok(model);
+    }
+    Ok(broadcast_in_group(
+        settle_buffers(model),
+        &buffers,
+        group,
+        0,
+    )?)
+}
+
+/// [`BufferPolicy::Average`]'s step: the buffers averaged over `group` (the averaging step's
+/// group; pending updates applied first). Collective; nothing is sent for a module without
+/// buffers.
+pub fn average_buffers<M: Module>(model: M, group: &Group) -> Result<M, PipelineError> {
+    let buffers = ParamSelection::buffers(&model);
+    if buffers.is_empty() {
+        return Ok(model);
+    }
+    Ok(average_in_group(settle_buffers(model), &buffers, group)?)
 }
 
 /// PyTorch's `clip_grad_norm_`: the L2 norm over every gradient in `grads` (one flattened read,

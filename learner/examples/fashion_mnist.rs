@@ -1,0 +1,242 @@
+//! A small CNN with batch normalization on Fashion-MNIST, trained through burn-train's
+//! `SupervisedTraining` with post-local SGD on 2 thread ranks: the model, loaders, metrics,
+//! checkpointers and early stopping are burn-train's; only the strategy is ours.
+//!
+//! The data is the Debian package `dataset-fashion-mnist` (MIT license):
+//!
+//! ```text
+//! apt-get install dataset-fashion-mnist      # IDX files in /usr/share/datasets/fashion-mnist/
+//! cargo run --release -p localsgd-learner --example fashion_mnist -- --epochs 2
+//! ```
+//!
+//! Flags: `--data-dir DIR` (default `/usr/share/datasets/fashion-mnist`), `--epochs N` (2),
+//! `--workers W` (2), `--algorithm ddp|post-local-sgd|local-sgd` (post-local-sgd), `--warmup N`
+//! (100 optimizer steps), `--period N` (4), `--items N` (train on the first N images; default
+//! all 60,000), `--out DIR` (runs/fashion-mnist-learner).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use burn::data::dataloader::DataLoaderBuilder;
+use burn::data::dataloader::batcher::Batcher;
+use burn::data::dataset::InMemDataset;
+use burn::module::Module;
+use burn::nn::loss::CrossEntropyLoss;
+use burn::optim::SgdConfig;
+use burn::optim::momentum::MomentumConfig;
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn_train::checkpoint::KeepLastNCheckpoints;
+use burn_train::metric::{AccuracyMetric, LossMetric};
+use burn_train::{
+    ClassificationOutput, InferenceStep, Learner, SupervisedTraining, TrainOutput, TrainStep,
+    TrainingStrategy,
+};
+use localsgd_learner::{AlgorithmKind, LocalSgdStrategy, StrategyConfig};
+use localsgd_trainer::cnn::{Cnn, CnnConfig};
+
+#[derive(Clone, Debug)]
+struct Image {
+    pixels: Vec<f32>,
+    label: u32,
+}
+
+#[derive(Clone, Debug)]
+struct ImageBatch {
+    images: Tensor<2>,
+    labels: Tensor<1, Int>,
+}
+
+#[derive(Clone, Debug)]
+struct ImageBatcher;
+
+impl Batcher<Image, ImageBatch> for ImageBatcher {
+    fn batch(&self, items: Vec<Image>, device: &Device) -> ImageBatch {
+        let pixels: Vec<f32> = items
+            .iter()
+            .flat_map(|i| i.pixels.iter().copied())
+            .collect();
+        let labels: Vec<i64> = items.iter().map(|i| i.label as i64).collect();
+        ImageBatch {
+            images: Tensor::from_data(TensorData::new(pixels, [items.len(), 784]), device),
+            labels: Tensor::from_data(TensorData::new(labels, [items.len()]), device),
+        }
+    }
+}
+
+/// The model: localsgd's CNN (conv 3x3 -> BatchNorm -> ReLU -> max-pool, twice, then Linear).
+#[derive(Module, Debug)]
+struct Model {
+    cnn: Cnn,
+}
+
+impl Model {
+    fn classify(&self, batch: ImageBatch) -> ClassificationOutput {
+        let logits = self.cnn.forward(batch.images);
+        let loss = CrossEntropyLoss::new(None, &logits.device())
+            .forward(logits.clone(), batch.labels.clone());
+        ClassificationOutput::new(loss, logits, batch.labels)
+    }
+}
+
+impl TrainStep for Model {
+    type Input = ImageBatch;
+    type Output = ClassificationOutput;
+    fn step(&self, batch: ImageBatch) -> TrainOutput<ClassificationOutput> {
+        let out = self.classify(batch);
+        TrainOutput::new(self, out.loss.backward(), out)
+    }
+}
+
+impl InferenceStep for Model {
+    type Input = ImageBatch;
+    type Output = ClassificationOutput;
+    fn step(&self, batch: ImageBatch) -> ClassificationOutput {
+        self.classify(batch)
+    }
+}
+
+struct Args {
+    data_dir: PathBuf,
+    epochs: usize,
+    workers: usize,
+    algorithm: AlgorithmKind,
+    warmup: i64,
+    period: u64,
+    items: Option<usize>,
+    out: PathBuf,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        data_dir: PathBuf::from("/usr/share/datasets/fashion-mnist"),
+        epochs: 2,
+        workers: 2,
+        algorithm: AlgorithmKind::PostLocalSgd,
+        warmup: 100,
+        period: 4,
+        items: None,
+        out: PathBuf::from("runs/fashion-mnist-learner"),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        let number = |v: &str| {
+            v.parse::<u64>()
+                .map_err(|_| format!("{flag} {v:?}: expected a non-negative integer"))
+        };
+        match flag.as_str() {
+            "--data-dir" => args.data_dir = PathBuf::from(value),
+            "--epochs" => args.epochs = number(&value)? as usize,
+            "--workers" => args.workers = number(&value)? as usize,
+            "--warmup" => args.warmup = number(&value)? as i64,
+            "--period" => args.period = number(&value)?,
+            "--items" => args.items = Some(number(&value)? as usize),
+            "--out" => args.out = PathBuf::from(value),
+            "--algorithm" => {
+                args.algorithm = match value.as_str() {
+                    "ddp" => AlgorithmKind::Ddp,
+                    "post-local-sgd" => AlgorithmKind::PostLocalSgd,
+                    "local-sgd" => AlgorithmKind::LocalSgd,
+                    other => {
+                        return Err(format!(
+                            "--algorithm {other:?}: expected ddp, post-local-sgd or local-sgd"
+                        ));
+                    }
+                }
+            }
+            other => return Err(format!("unknown flag {other}; see the example's docs")),
+        }
+    }
+    Ok(args)
+}
+
+fn images(data: &localsgd_trainer::data::Dataset, limit: Option<usize>) -> Vec<Image> {
+    let n = limit.map_or(data.len(), |l| l.min(data.len()));
+    (0..n)
+        .filter_map(|i| {
+            data.row(i).map(|row| Image {
+                pixels: row.to_vec(),
+                label: data.labels()[i],
+            })
+        })
+        .collect()
+}
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<(), String> {
+    let args = parse_args()?;
+    let data = localsgd_trainer::data::idx::load_dir(&args.data_dir).map_err(|e| {
+        format!(
+            "{e}\nFashion-MNIST is not in {}: `apt-get install dataset-fashion-mnist` puts it in \
+             /usr/share/datasets/fashion-mnist, or pass --data-dir with the four IDX files",
+            args.data_dir.display()
+        )
+    })?;
+    if data.train.dim() != 784 {
+        return Err(format!(
+            "{}: images of {} pixels; this example's CNN takes 28x28",
+            args.data_dir.display(),
+            data.train.dim()
+        ));
+    }
+    let train = DataLoaderBuilder::new(ImageBatcher)
+        .batch_size(64)
+        .shuffle(42)
+        .build(InMemDataset::new(images(&data.train, args.items)));
+    let valid = DataLoaderBuilder::new(ImageBatcher)
+        .batch_size(256)
+        .build(InMemDataset::new(images(&data.test, None)));
+
+    let config = StrategyConfig {
+        algorithm: args.algorithm,
+        workers: args.workers,
+        warmup: args.warmup,
+        period: Some(args.period),
+        ..StrategyConfig::default()
+    };
+    let device = Device::flex().autodiff();
+    let strategy = LocalSgdStrategy::new(config, device.clone())
+        .map_err(|e| e.to_string())?
+        .with_directory(&args.out);
+    let model = Model {
+        cnn: CnnConfig {
+            side: 28,
+            channels: vec![8, 16],
+            classes: 10,
+        }
+        .init(0, &device)
+        .map_err(|e| e.to_string())?,
+    };
+    let optimizer = SgdConfig::new()
+        .with_momentum(Some(MomentumConfig {
+            momentum: 0.9,
+            dampening: 0.0,
+            nesterov: false,
+        }))
+        .init();
+    let result = SupervisedTraining::new(&args.out, train, valid)
+        .metrics((AccuracyMetric::new(), LossMetric::new()))
+        .with_default_checkpointers()
+        .with_checkpointing_strategy(KeepLastNCheckpoints::new(2))
+        .with_training_strategy(TrainingStrategy::Custom(Arc::new(strategy)))
+        .num_epochs(args.epochs)
+        .summary()
+        .launch(Learner::new(model, optimizer, 0.05));
+    if let Some(e) = &result.error {
+        return Err(e.to_string());
+    }
+    println!(
+        "trained {} epochs of {:?} on {} ranks; run directory {}",
+        args.epochs,
+        args.algorithm,
+        args.workers,
+        args.out.display()
+    );
+    Ok(())
+}

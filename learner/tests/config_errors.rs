@@ -1,0 +1,70 @@
+//! Settings the semantics refuse are refused when the strategy is built, naming the setting,
+//! the value and what would be valid (PyTorch Lightning's and PyTorch's rules).
+
+use burn::tensor::Device;
+use localsgd_learner::{AlgorithmKind, LocalSgdStrategy, StrategyConfig};
+
+fn refused(config: StrategyConfig, expected: &[&str]) {
+    let err = LocalSgdStrategy::new(config, Device::flex())
+        .unwrap_err()
+        .to_string();
+    for e in expected {
+        assert!(err.contains(e), "{err:?} lacks {e:?}");
+    }
+}
+
+#[test]
+fn post_local_sgd_without_a_period_is_refused() {
+    let mut config = StrategyConfig::post_local_sgd(10, 4);
+    config.period = None;
+    refused(
+        config,
+        &["period", "post-local-sgd", "model_averaging_period"],
+    );
+    let config = StrategyConfig {
+        algorithm: AlgorithmKind::LocalSgd,
+        ..StrategyConfig::default()
+    };
+    refused(config, &["period", "local-sgd"]);
+}
+
+#[test]
+fn a_zero_period_negative_warmup_or_no_workers_is_refused() {
+    refused(
+        StrategyConfig::post_local_sgd(10, 0),
+        &["period", "positive"],
+    );
+    refused(StrategyConfig::post_local_sgd(-1, 4), &["warmup", "-1"]);
+    refused(
+        StrategyConfig::default().with_workers(0),
+        &["workers", "at least 1"],
+    );
+}
+
+#[test]
+fn levels_that_do_not_fit_the_ranks_are_refused() {
+    refused(
+        StrategyConfig::hierarchical(10, "2:3,4:4").with_workers(4),
+        &["levels", "group size 3 does not fit 4 workers"],
+    );
+    refused(
+        StrategyConfig::hierarchical(10, "").with_workers(4),
+        &["levels", "at least one"],
+    );
+    refused(
+        StrategyConfig::hierarchical(10, "2:two").with_workers(4),
+        &["levels"],
+    );
+}
+
+#[test]
+fn valid_settings_are_accepted() {
+    for config in [
+        StrategyConfig::default(),
+        StrategyConfig::post_local_sgd(10, 4),
+        StrategyConfig::local_sgd(2),
+        StrategyConfig::hierarchical(10, "2:2,4:4").with_workers(4),
+    ] {
+        LocalSgdStrategy::new(config, Device::flex()).unwrap();
+    }
+}

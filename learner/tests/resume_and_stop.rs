@@ -1,0 +1,89 @@
+//! Resume and stopping through `SupervisedTraining` with the strategy (post-local SGD, warmup
+//! 10, period 4, 2 thread ranks, 23 optimizer steps per epoch): a run stopped by early stopping
+//! after epoch 2 and resumed from burn-train's checkpoint 2 ends with the parameters of the
+//! uninterrupted 3-epoch run, to the bit (ranks whose replicas differ between averages resume
+//! from their own checkpoints); early stopping after epoch 1 stops every rank there (the
+//! parameters of a 1-epoch run); an interrupter stop mid-run returns promptly on all ranks.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use burn_train::EarlyStoppingStrategy;
+use burn_train::metric::store::EventStoreClient;
+use common::*;
+use localsgd_learner::StrategyConfig;
+
+/// Stops after the given epoch.
+#[derive(Clone)]
+struct StopAfter(usize);
+
+impl EarlyStoppingStrategy for StopAfter {
+    fn should_stop(&mut self, epoch: usize, _store: &EventStoreClient) -> bool {
+        epoch >= self.0
+    }
+}
+
+fn config() -> StrategyConfig {
+    StrategyConfig::post_local_sgd(10, 4)
+}
+
+#[test]
+fn a_stopped_and_resumed_run_equals_the_uninterrupted_one() {
+    let full_dir = tempfile::tempdir().unwrap();
+    let full = run_strategy(full_dir.path(), config(), 3, None, |t| t);
+    assert!(full.error.is_none(), "{:?}", full.error);
+
+    let dir = tempfile::tempdir().unwrap();
+    let first = run_strategy(dir.path(), config(), 3, None, |t| {
+        t.early_stopping(StopAfter(2))
+    });
+    assert!(first.error.is_none(), "{:?}", first.error);
+    assert_ne!(params(&first.model), params(&full.model));
+    // Rank 1's own checkpoint and both ranks' schedules are beside burn-train's.
+    let state = dir.path().join("checkpoint/localsgd");
+    for file in [
+        "rank-0-epoch-2.json",
+        "rank-1-epoch-2.json",
+        "rank-1/model-2.bpk",
+    ] {
+        assert!(state.join(file).exists(), "{file}");
+    }
+    let resumed = run_strategy(dir.path(), config(), 3, Some(2), |t| t);
+    assert!(resumed.error.is_none(), "{:?}", resumed.error);
+    assert_eq!(params(&resumed.model), params(&full.model));
+}
+
+#[test]
+fn early_stopping_stops_every_rank_at_the_same_epoch() {
+    let dir = tempfile::tempdir().unwrap();
+    let stopped = run_strategy(dir.path(), config(), 3, None, |t| {
+        t.early_stopping(StopAfter(1))
+    });
+    assert!(stopped.error.is_none(), "{:?}", stopped.error);
+    let one_dir = tempfile::tempdir().unwrap();
+    let one = run_strategy(one_dir.path(), config(), 1, None, |t| t);
+    assert_eq!(params(&stopped.model), params(&one.model));
+}
+
+#[test]
+fn an_interrupter_stop_ends_every_rank_promptly() {
+    let dir = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    let result = run_strategy(dir.path(), config(), 10_000, None, |t| {
+        let interrupter = t.interrupter();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(500));
+            interrupter.stop(Some("test"));
+        });
+        t
+    });
+    // Without agreement a rank would wait in a collective for the 300 s timeout.
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(result.error.is_none(), "{:?}", result.error);
+    assert!(result.interrupted.is_some());
+}
