@@ -139,6 +139,18 @@ pub fn run_strategy(
     resume_from: Option<usize>,
     customize: impl FnOnce(SupervisedTraining<Net>) -> SupervisedTraining<Net>,
 ) -> LearningResult<Net> {
+    run_strategy_with_lr(dir, config, epochs, resume_from, LR, customize)
+}
+
+/// [`run_strategy`] with learning rate `lr`.
+pub fn run_strategy_with_lr(
+    dir: &Path,
+    config: StrategyConfig,
+    epochs: usize,
+    resume_from: Option<usize>,
+    lr: f64,
+    customize: impl FnOnce(SupervisedTraining<Net>) -> SupervisedTraining<Net>,
+) -> LearningResult<Net> {
     let (train, valid) = loaders();
     let strategy = LocalSgdStrategy::new(config, device())
         .unwrap()
@@ -153,12 +165,21 @@ pub fn run_strategy(
         training = training.checkpoint(epoch);
     }
     training = customize(training);
-    training.launch(Learner::new(Net::new(&device()), optimizer(), LR))
+    training.launch(Learner::new(Net::new(&device()), optimizer(), lr))
 }
 
 /// The same run through the localsgd `Pipeline`: 2 thread ranks, each on its contiguous half
 /// of the items, `epochs` epochs; rank 0's final parameters.
 pub fn run_pipeline(config: &StrategyConfig, epochs: usize) -> Vec<f32> {
+    run_pipeline_accumulating(config, epochs, 1)
+}
+
+/// [`run_pipeline`] with `accumulate` micro-batches per optimizer step.
+pub fn run_pipeline_accumulating(
+    config: &StrategyConfig,
+    epochs: usize,
+    accumulate: usize,
+) -> Vec<f32> {
     let (train, _) = loaders();
     let world = ThreadWorld::new(config.workers).unwrap();
     let spec = algorithm::AlgorithmSpec::from_config(&TrainConfig {
@@ -174,6 +195,7 @@ pub fn run_pipeline(config: &StrategyConfig, epochs: usize) -> Vec<f32> {
             let parts = algorithm::build(&spec, &group).unwrap();
             let options = PipelineOptions {
                 lr: LR,
+                accumulate,
                 ..PipelineOptions::default()
             };
             let mut pipeline = Pipeline::new(group.clone(), optimizer(), options);
