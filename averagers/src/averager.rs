@@ -3,6 +3,7 @@
 
 use crate::average::average_in_group;
 use crate::error::AveragerError;
+use crate::outer::OuterAverager;
 use crate::overlap::Overlap;
 use crate::state::AveragerState;
 use burn::module::Module;
@@ -47,6 +48,18 @@ pub trait ModelAverager: Send + std::fmt::Debug {
     fn overlap_mut(&mut self) -> Option<&mut Overlap> {
         None
     }
+
+    /// The outer-optimizer averager, for one (see [`outer`](crate::outer)); `None` (the
+    /// default) for plain averaging.
+    fn outer(&self) -> Option<&OuterAverager> {
+        None
+    }
+
+    /// Mutable access to the outer-optimizer averager (taking `θ`, setting SlowMo's inner
+    /// learning rate, restoring its state).
+    fn outer_mut(&mut self) -> Option<&mut OuterAverager> {
+        None
+    }
 }
 
 /// Averaging a burn module on the averager's schedule. Implemented for every [`ModelAverager`].
@@ -65,6 +78,9 @@ pub trait AverageParameters: ModelAverager {
         module: M,
         selection: &ParamSelection,
     ) -> Result<M, AveragerError> {
+        if let Some(outer) = self.outer_mut() {
+            return outer.average_module(module, selection);
+        }
         let step = self.step();
         let group = self.scheduled_group();
         let module = match self.overlap_mut() {
@@ -119,6 +135,12 @@ impl<A: ModelAverager + ?Sized> ModelAverager for Box<A> {
     }
     fn overlap_mut(&mut self) -> Option<&mut Overlap> {
         (**self).overlap_mut()
+    }
+    fn outer(&self) -> Option<&OuterAverager> {
+        (**self).outer()
+    }
+    fn outer_mut(&mut self) -> Option<&mut OuterAverager> {
+        (**self).outer_mut()
     }
 }
 

@@ -141,6 +141,10 @@ pub enum AveragerError {
     /// applied or restored as its schedule says (the message names the steps).
     #[error("overlapped averaging: {0}")]
     Overlap(String),
+    /// An outer-optimizer setting, state or step that cannot be used (the message names the
+    /// value and what would be valid).
+    #[error("outer averaging: {0}")]
+    Outer(String),
     /// A collective failed (peer failure, timeout, mismatch) or parameters could not be
     /// flattened / written back.
     #[error(transparent)]

@@ -7,10 +7,12 @@
 //!   (schedule relative to the warmup).
 //! - [`HierarchicalModelAverager`]: several levels `(period, group size)`, e.g. pairs of ranks
 //!   every 2 steps and everyone every 8 (schedule in absolute steps).
+//! - [`OuterAverager`]: DiLoCo and SlowMo — an outer optimizer step on the global parameters
+//!   with the replicas' average displacement as gradient (see [`outer`]).
 //! - [`average_in_group`]: one averaging of a module's selected parameters — flatten in
 //!   traversal order, divide by the group size, one fused all-reduce (sum), write back.
 //!
-//! Both averagers implement [`ModelAverager`] (object safe: `Box<dyn ModelAverager>`); the
+//! All three implement [`ModelAverager`] (object safe: `Box<dyn ModelAverager>`); the
 //! generic [`AverageParameters::average_parameters`] works on any burn [`Module`] and is meant to
 //! be called exactly once per training iteration, *after* the optimizer step, with the
 //! parameters that had a gradient this step. The step counter is saved and restored through
@@ -63,6 +65,7 @@ pub mod averager;
 pub mod error;
 pub mod group;
 pub mod hierarchical;
+pub mod outer;
 pub mod overlap;
 pub mod periodic;
 pub mod state;
@@ -72,6 +75,9 @@ pub use averager::{AverageParameters, ModelAverager};
 pub use error::{AveragerError, RankParams};
 pub use group::new_group;
 pub use hierarchical::HierarchicalModelAverager;
+pub use outer::{
+    OuterAverager, OuterOptimizer, OuterSgd, OuterSgdConfig, OuterState, PseudoGradient,
+};
 pub use overlap::{Overlap, PendingAverage};
 pub use periodic::PeriodicModelAverager;
 pub use state::{AveragerConfig, AveragerState, Level};

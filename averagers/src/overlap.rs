@@ -313,7 +313,7 @@ fn mix<T: Copy + std::ops::Add<Output = T> + std::ops::Sub<Output = T>>(
 }
 
 /// The float parameters at these traversal indices (ids are per process, indices are not).
-fn selection_of_indices<M: Module>(module: &M, indices: &[usize]) -> ParamSelection {
+pub(crate) fn selection_of_indices<M: Module>(module: &M, indices: &[usize]) -> ParamSelection {
     let all = FlatLayout::of(module, &ParamSelection::All);
     ParamSelection::ids(
         all.entries

@@ -36,6 +36,13 @@ pub enum AveragerConfig {
         /// Steps before the first averaging.
         warmup_steps: u64,
     },
+    /// An [`OuterAverager`](crate::OuterAverager) on a schedule.
+    Outer {
+        /// The schedule's configuration.
+        schedule: Box<AveragerConfig>,
+        /// The outer optimizer's settings, as text.
+        outer: String,
+    },
 }
 
 impl fmt::Display for AveragerConfig {
@@ -68,6 +75,7 @@ impl fmt::Display for AveragerConfig {
                     levels.join(", ")
                 )
             }
+            AveragerConfig::Outer { schedule, outer } => write!(f, "{outer} on {schedule}"),
         }
     }
 }
