@@ -1,6 +1,7 @@
 //! The outer averager's checkpoint state: `θ`, the outer momentum and the outer-step count, as
 //! bytes (floats are stored bit for bit, so a resume is exact).
 
+use super::sgd::type_name as dtype;
 use crate::error::AveragerError;
 use localsgd_comm::params::FlatBuffer;
 use serde::{Deserialize, Serialize};
@@ -130,13 +131,6 @@ impl OuterState {
         };
         state.check()?;
         Ok(state)
-    }
-}
-
-fn dtype(b: &FlatBuffer) -> &'static str {
-    match b {
-        FlatBuffer::F32(_) => "f32",
-        FlatBuffer::F64(_) => "f64",
     }
 }
 
