@@ -45,6 +45,18 @@ Semantics mirrored from localsgd (see trainer/src and data/README.md):
     subgroup=None, start_localSGD_iter=warmup, post_local_gradient_allreduce=False), and
     PeriodicModelAverager(period, warmup_steps=warmup) after every optimizer step;
   * hierarchical: the same hook and HierarchicalModelAverager({period: group_size}, warmup).
+  * diloco / slowmo: the post-local SGD hook as above, then `OuterStep` after every optimizer
+    step: after inner steps warmup + H, warmup + 2H, ... (H = --period; torchft's and
+    fairscale's cadence) an outer step on theta, the model as it was after the previous sync
+    (taken after DDP's construction broadcast, refreshed after the last warmup step). diloco:
+    torchft / OpenDiLoCo's torch-only arithmetic -- p.grad = mean(theta - p) (divide by the
+    world, then SUM over gloo), p = theta, torch.optim.SGD(lr=--outer-lr, momentum=
+    --outer-momentum, nesterov=--outer-nesterov).step(), theta = p. slowmo: fairscale's
+    SlowMoDistributedDataParallel slow step with eager initialisation and one node per rank --
+    the parameters averaged (divide, then SUM), then u = beta*u - p/gamma + old/gamma,
+    old = old - gamma*alpha*u, p = old (gamma the inner learning rate of the step just taken;
+    skipped at alpha 1, beta 0, as fairscale does). Defaults as `localsgd train`: diloco
+    0.7 / 0.9 / Nesterov, slowmo 1 / 0.5.
 
 Timing (train mode; all clocks time.perf_counter):
   * loop_seconds: the training loop, from a barrier to the last iteration, slowest rank (MAX over
@@ -104,7 +116,14 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mode", choices=["train", "allreduce-bench"], default="train")
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--algorithm", choices=["ddp", "post-local-sgd", "hierarchical"], default="post-local-sgd")
+    p.add_argument("--algorithm", choices=["ddp", "post-local-sgd", "hierarchical", "diloco", "slowmo"],
+                   default="post-local-sgd")
+    p.add_argument("--outer-lr", type=float, default=None,
+                   help="diloco: outer SGD lr (default 0.7); slowmo: slowmo_lr (default 1)")
+    p.add_argument("--outer-momentum", type=float, default=None,
+                   help="diloco: outer SGD momentum (default 0.9); slowmo: slowmo_momentum (default 0.5)")
+    p.add_argument("--outer-nesterov", choices=["true", "false"], default=None,
+                   help="diloco: Nesterov outer momentum (default: true when the momentum is above 0)")
     p.add_argument("--hidden", default="64", help="hidden widths, comma-separated (e.g. 128,64)")
     p.add_argument("--batch-size", type=int, default=32, help="per worker")
     p.add_argument("--lr", type=float, default=0.1)
@@ -169,6 +188,20 @@ def parse_args(argv):
         if not 0 < port < 65536:
             p.error(f"--launch env: MASTER_PORT={port} is not a TCP port")
         args.env_rank, args.env_addr, args.env_port = rank, os.environ["MASTER_ADDR"], port
+    outer = args.algorithm in ("diloco", "slowmo")
+    if not outer and (args.outer_lr, args.outer_momentum, args.outer_nesterov) != (None, None, None):
+        p.error(f"--outer-lr/--outer-momentum/--outer-nesterov apply to diloco and slowmo, not {args.algorithm}")
+    if args.algorithm == "diloco":
+        args.outer_lr = 0.7 if args.outer_lr is None else args.outer_lr
+        args.outer_momentum = 0.9 if args.outer_momentum is None else args.outer_momentum
+        args.outer_nesterov = (args.outer_momentum > 0 if args.outer_nesterov is None
+                               else args.outer_nesterov == "true")
+    elif args.algorithm == "slowmo":
+        if args.outer_nesterov == "true":
+            p.error("--outer-nesterov true: SlowMo's slow step is heavy-ball momentum")
+        args.outer_lr = 1.0 if args.outer_lr is None else args.outer_lr
+        args.outer_momentum = 0.5 if args.outer_momentum is None else args.outer_momentum
+        args.outer_nesterov = False
     args.levels_dict = OrderedDict()
     if args.algorithm == "hierarchical":
         if not args.levels:
@@ -401,6 +434,74 @@ def init_group(rank, args, addr, port, threads):
     dist.init_process_group("gloo", rank=rank, world_size=args.workers)
 
 
+class OuterStep:
+    """DiLoCo or SlowMo after every optimizer step (see the module docstring): `after_step(lr)`
+    with the learning rate of the inner step just taken. Build it after DDP's construction
+    broadcast, so theta is the same on every rank."""
+
+    def __init__(self, params, kind, period, warmup, lr, momentum, nesterov):
+        self.params = list(params)
+        self.kind, self.period, self.warmup = kind, period, warmup
+        self.lr, self.momentum = lr, momentum
+        self.steps = 0
+        self.theta = [p.detach().clone() for p in self.params]
+        if kind == "diloco":
+            self.outer = torch.optim.SGD(self.params, lr=lr, momentum=momentum, nesterov=nesterov)
+        else:
+            self.slow_momentum = [torch.zeros_like(p) for p in self.params]
+
+    def _flat(self, tensors):
+        world = dist.get_world_size()
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        flat.div_(world)  # divide, then SUM: gloo has no AVG (and localsgd divides first)
+        dist.all_reduce(flat)
+        return flat
+
+    def _slices(self, flat):
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            yield p, flat[offset:offset + n].view_as(p)
+            offset += n
+
+    @torch.no_grad()
+    def after_step(self, inner_lr):
+        s = self.steps
+        self.steps += 1
+        if s < self.warmup:
+            if s == self.warmup - 1:  # the replicas moved together: theta follows
+                for t, p in zip(self.theta, self.params):
+                    t.copy_(p)
+            return
+        if (s - self.warmup + 1) % self.period:
+            return
+        if self.kind == "diloco":
+            # Mean of deltas; p.grad = Delta; p = theta; outer step; theta = p.
+            flat = self._flat([t - p for t, p in zip(self.theta, self.params)])
+            for (p, delta), t in zip(self._slices(flat), self.theta):
+                p.copy_(t)
+                p.grad = delta.clone()
+            self.outer.step()
+            self.outer.zero_grad(set_to_none=True)
+            for t, p in zip(self.theta, self.params):
+                t.copy_(p)
+            return
+        # SlowMo: average the parameters, then fairscale's slow step (old = theta).
+        flat = self._flat([p.detach() for p in self.params])
+        for p, avg in self._slices(flat):
+            p.copy_(avg)
+        if self.lr == 1.0 and self.momentum == 0.0:
+            for t, p in zip(self.theta, self.params):
+                t.copy_(p)
+            return
+        for p, old, u in zip(self.params, self.theta, self.slow_momentum):
+            u.mul_(self.momentum)
+            u.sub_(p, alpha=1.0 / inner_lr)
+            u.add_(old, alpha=1.0 / inner_lr)
+            old.add_(u, alpha=-inner_lr * self.lr)
+            p.copy_(old)
+
+
 def train_worker(rank, args, addr, port, threads, out_path=None):
     """One rank's training run; rank 0 returns the result (and writes it to out_path if given)."""
     init_group(rank, args, addr, port, threads)
@@ -428,16 +529,19 @@ def train_worker(rank, args, addr, port, threads, out_path=None):
     model = build_model(args, widths)
     # CPU module: no device_ids; broadcasts rank 0's parameters.
     ddp = DDP(model, bucket_cap_mb=args.bucket_cap_mb)
-    averager = None
-    if args.algorithm in ("post-local-sgd", "hierarchical"):
+    averager, outer = None, None
+    if args.algorithm in ("post-local-sgd", "hierarchical", "diloco", "slowmo"):
         state = PostLocalSGDState(process_group=None, subgroup=None,
                                   start_localSGD_iter=args.warmup, post_local_gradient_allreduce=False)
         ddp.register_comm_hook(state, post_localSGD_hook)
         if args.algorithm == "post-local-sgd":
             averager = PeriodicModelAverager(period=args.period, warmup_steps=args.warmup)
-        else:
+        elif args.algorithm == "hierarchical":
             averager = HierarchicalModelAverager(period_group_size_dict=args.levels_dict,
                                                  warmup_steps=args.warmup)
+        else:
+            outer = OuterStep(ddp.parameters(), args.algorithm, args.period, args.warmup,
+                              args.outer_lr, args.outer_momentum, args.outer_nesterov)
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum,
                           dampening=0.0, nesterov=False)
     loss_fn = nn.CrossEntropyLoss()
@@ -471,6 +575,8 @@ def train_worker(rank, args, addr, port, threads, out_path=None):
             opt.step()
             if averager is not None:
                 averager.average_parameters(ddp.parameters())
+            if outer is not None:
+                outer.after_step(args.lr)
             step += 1
             if rank == 0:
                 t_done = time.perf_counter()
@@ -528,6 +634,9 @@ def train_worker(rank, args, addr, port, threads, out_path=None):
             "steps": args.steps,
             "warmup": args.warmup,
             "period": args.period,
+            "outer_lr": args.outer_lr,
+            "outer_momentum": args.outer_momentum,
+            "outer_nesterov": args.outer_nesterov,
             "levels": args.levels,
             "seed": args.seed,
             "threads_per_process": threads,

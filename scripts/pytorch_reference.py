@@ -103,6 +103,26 @@ CASES = {
          "10", "--period", "4", "--optimizer", "sgd", "--lr", "0.03", "--momentum", "0.9",
          "--buffers", "broadcast"],
     ),
+    # DiLoCo through post-local SGD's switch: the warmup's gradient all-reduce, theta refreshed
+    # after its last step, then an outer Nesterov step (lr 0.7, momentum 0.9: the defaults)
+    # after every 5 local steps, with the mean of the ranks' deltas as gradient.
+    "diloco-post-local": (
+        dict(algorithm="diloco", optimizer="sgd", lr=0.1, momentum=0.9, weight_decay=0.0,
+             clip=None, schedule=None, warmup=10, period=5, outer_lr=0.7, outer_momentum=0.9,
+             outer_nesterov=True),
+        ["--algorithm", "diloco", "--warmup", "10", "--period", "5", "--optimizer", "sgd",
+         "--lr", "0.1", "--momentum", "0.9"],
+    ),
+    # SlowMo (fairscale's defaults: slowmo_lr 1, slowmo_momentum 0.5) with a step schedule: the
+    # slow step divides by the inner learning rate, which halves at 8, 16, 24 and 32.
+    "slowmo-step-lr": (
+        dict(algorithm="slowmo", optimizer="sgd", lr=0.2, momentum=0.9, weight_decay=0.0,
+             clip=None, schedule=("step", 8, 0.5), warmup=6, period=4, outer_lr=1.0,
+             outer_momentum=0.5, outer_nesterov=False),
+        ["--algorithm", "slowmo", "--warmup", "6", "--period", "4", "--optimizer", "sgd",
+         "--lr", "0.2", "--momentum", "0.9", "--lr-schedule", "step", "--lr-step-size", "8",
+         "--lr-gamma", "0.5"],
+    ),
 }
 
 
@@ -141,13 +161,19 @@ def rank_main(rank, port, name, case, queue):
                      for k, v in state.items()}
         model.load_state_dict(state, strict=True)
     ddp = DDP(model)
-    averager = None
-    if case["algorithm"] == "post-local-sgd":
+    averager, outer = None, None
+    if case["algorithm"] in ("post-local-sgd", "diloco", "slowmo"):
         hook_state = PostLocalSGDState(process_group=None, subgroup=None,
                                        start_localSGD_iter=case["warmup"],
                                        post_local_gradient_allreduce=False)
         ddp.register_comm_hook(hook_state, post_localSGD_hook)
+    if case["algorithm"] == "post-local-sgd":
         averager = PeriodicModelAverager(period=case["period"], warmup_steps=case["warmup"])
+    elif case["algorithm"] in ("diloco", "slowmo"):
+        # After DDP's construction broadcast: theta is rank 0's weights on every rank.
+        outer = bench_pytorch.OuterStep(ddp.parameters(), case["algorithm"], case["period"],
+                                        case["warmup"], case["outer_lr"], case["outer_momentum"],
+                                        case["outer_nesterov"])
     if case["optimizer"] == "sgd":
         opt = torch.optim.SGD(ddp.parameters(), lr=case["lr"], momentum=case["momentum"],
                               weight_decay=case["weight_decay"])
@@ -194,10 +220,14 @@ def rank_main(rank, port, name, case, queue):
             if case["clip"] is not None:
                 torch.nn.utils.clip_grad_norm_(ddp.parameters(), case["clip"])
             opt.step()
+            # SlowMo's gamma: the learning rate of the step just taken.
+            lr_used = opt.param_groups[0]["lr"]
             if sched is not None:
                 sched.step()
             if averager is not None:
                 averager.average_parameters(ddp.parameters())
+            if outer is not None:
+                outer.after_step(lr_used)
             losses.append(loss.item())
             step += 1
         epoch += 1

@@ -612,3 +612,142 @@ fn torch_first_step_buffer_rule_with_dampening() {
     wd.step(&mut p, &g).expect("step");
     assert_eq!(p, FlatBuffer::F64(vec![-2.0]));
 }
+
+/// The V2 problem (DiLoCo, Nesterov 0.7/0.9, f64) with the pseudo-gradients sent in half
+/// precision. Reference from the definition: each rank's `θ − x_r` rounded to the half type
+/// once, divided by 4 there, summed there in rank order (IEEE half additions), back to f64
+/// exactly; then torch's SGD step on `θ`.
+fn compressed_reference(bf16: bool) -> Vec<f64> {
+    use half::{bf16 as B, f16 as H};
+    let round = |v: f32| -> f64 {
+        if bf16 {
+            B::from_f32(v).to_f64()
+        } else {
+            H::from_f32(v).to_f64()
+        }
+    };
+    let to_half = |v: f64| -> f64 {
+        if bf16 {
+            B::from_f64(v).to_f64()
+        } else {
+            H::from_f64(v).to_f64()
+        }
+    };
+    let (mut theta, mut buf): (f64, Option<f64>) = (1.0, None);
+    let mut x = [1.0f64; 4];
+    let mut out = Vec::new();
+    for _ in 0..4 {
+        for _ in 0..3 {
+            for (r, xr) in x.iter_mut().enumerate() {
+                *xr -= 0.1 * (*xr - r as f64);
+            }
+        }
+        // Halves are exact in f32, so f32 arithmetic rounded once is IEEE half arithmetic.
+        let parts: Vec<f64> = x
+            .iter()
+            .map(|&xr| round(to_half(theta - xr) as f32 / 4.0))
+            .collect();
+        let delta = parts[1..]
+            .iter()
+            .fold(parts[0], |acc, &p| round((acc as f32) + (p as f32)));
+        let b = match buf {
+            None => delta,
+            Some(b) => 0.9 * b + delta,
+        };
+        buf = Some(b);
+        theta -= 0.7 * (delta + 0.9 * b);
+        x = [theta; 4];
+        out.push(theta);
+    }
+    out
+}
+
+#[test]
+fn compressed_pseudo_gradients_round_once_and_average_in_half_precision() {
+    for (precision, bf16) in [
+        (localsgd_averagers::comm::Precision::Fp16, false),
+        (localsgd_averagers::comm::Precision::Bf16, true),
+    ] {
+        let expected = compressed_reference(bf16);
+        let r = run(12, DType::F64, lr01, move |w| {
+            Ok(Box::new(
+                OuterAverager::periodic(3, 0, OuterSgdConfig::diloco().into(), w)?
+                    .with_compression(Some(precision))?,
+            ))
+        });
+        for (k, (got, want)) in r.syncs.iter().zip(&expected).enumerate() {
+            assert!(
+                got.iter().all(|g| g == want),
+                "{precision} sync {}: {got:?}, reference {want}",
+                k + 1
+            );
+        }
+        // The rounding is visible: not the full-precision V2.
+        assert!(
+            (r.syncs[0][0] - V2_THETA[0]).abs() > 1e-6,
+            "{precision}: {}",
+            r.syncs[0][0]
+        );
+        assert!((r.syncs[3][0] - V2_THETA[3]).abs() < 1e-2);
+    }
+}
+
+#[test]
+fn compression_halves_the_bytes_of_a_sync_and_needs_mean_of_deltas() {
+    let bytes = |precision: Option<localsgd_averagers::comm::Precision>| {
+        ThreadWorld::new(2)
+            .expect("world")
+            .run(|world| {
+                let mut a =
+                    OuterAverager::periodic(1, 0, OuterSgdConfig::diloco().into(), world.clone())
+                        .expect("averager")
+                        .with_compression(precision)
+                        .expect("compression");
+                let model = scalar(1.0, DType::F32);
+                a.reset_global(&model, &ParamSelection::All).expect("reset");
+                let before = world.traffic();
+                a.average_parameters(
+                    inner_step(model, 0.1, world.rank() as f64),
+                    &ParamSelection::All,
+                )
+                .expect("sync");
+                (world.traffic() - before).data_bytes
+            })
+            .expect("run")[0]
+    };
+    // One f32 parameter: 4 bytes of pseudo-gradient, 2 in half precision.
+    assert_eq!(bytes(None), 4);
+    assert_eq!(bytes(Some(localsgd_averagers::comm::Precision::Fp16)), 2);
+    assert_eq!(bytes(Some(localsgd_averagers::comm::Precision::Bf16)), 2);
+
+    let world = ThreadWorld::new(1).expect("world");
+    let err = world
+        .run(|g| {
+            OuterAverager::periodic(
+                3,
+                0,
+                OuterOptimizer::SlowMo {
+                    lr: 1.0,
+                    momentum: 0.5,
+                },
+                g,
+            )
+            .and_then(|a| a.with_compression(Some(localsgd_averagers::comm::Precision::Fp16)))
+            .map(|_| ())
+        })
+        .expect("run")
+        .remove(0)
+        .expect_err("SlowMo averages parameters: no compression");
+    assert!(err.to_string().contains("fp16 compression"), "{err}");
+    let err = world
+        .run(|g| {
+            OuterAverager::periodic(3, 0, OuterSgdConfig::diloco().into(), g)
+                .and_then(|a| a.with_compression(Some(localsgd_averagers::comm::Precision::Bf16)))
+                .and_then(|a| a.with_reduce(PseudoGradient::DeltaOfMean))
+                .map(|_| ())
+        })
+        .expect("run")
+        .remove(0)
+        .expect_err("delta of mean after compression");
+    assert!(err.to_string().contains("mean-of-deltas"), "{err}");
+}

@@ -3,38 +3,7 @@
 use crate::bucket::GradBucket;
 use crate::error::HookError;
 use crate::hook::{CommHook, HookState};
-use localsgd_comm::ElementType;
-use serde::{Deserialize, Serialize};
-use std::fmt;
-
-/// The wire precision of a [`CompressHook`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Precision {
-    /// IEEE half precision (PyTorch's `fp16_compress_wrapper`).
-    Fp16,
-    /// bfloat16 (PyTorch's `bf16_compress_wrapper`).
-    Bf16,
-}
-
-impl Precision {
-    /// The element type buckets are cast to.
-    pub fn element_type(self) -> ElementType {
-        match self {
-            Precision::Fp16 => ElementType::F16,
-            Precision::Bf16 => ElementType::BF16,
-        }
-    }
-}
-
-impl fmt::Display for Precision {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Precision::Fp16 => "fp16",
-            Precision::Bf16 => "bf16",
-        })
-    }
-}
+pub use localsgd_comm::Precision;
 
 /// Wraps a hook: cast the bucket to half precision, run the inner hook on it (so its collectives
 /// move half the bytes), cast the result back to the bucket's original type.

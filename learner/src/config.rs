@@ -113,6 +113,14 @@ impl StrategyConfig {
             self.algorithm,
             AlgorithmKind::LocalSgd | AlgorithmKind::PostLocalSgd
         );
+        if self.algorithm.is_outer() {
+            return Err(StrategyError::Config(format!(
+                "invalid setting `algorithm` = {}: the burn-train strategy does not take outer \
+                 optimizer steps yet (valid here: ddp, local-sgd, post-local-sgd, hierarchical); \
+                 train DiLoCo or SlowMo with localsgd_trainer's Pipeline or `localsgd train`",
+                self.algorithm.name()
+            )));
+        }
         if averages && self.period.is_none() {
             return Err(StrategyError::Config(format!(
                 "missing setting `period`: {} averages the models every `period` optimizer steps \

@@ -68,3 +68,24 @@ fn valid_settings_are_accepted() {
         LocalSgdStrategy::new(config, Device::flex()).unwrap();
     }
 }
+
+/// The strategy does not take outer-optimizer steps yet: DiLoCo and SlowMo are refused with
+/// the algorithms it does take, not run as something else.
+#[test]
+fn outer_optimizer_algorithms_are_refused_for_now() {
+    for algorithm in [AlgorithmKind::Diloco, AlgorithmKind::Slowmo] {
+        let config = StrategyConfig {
+            algorithm,
+            period: Some(4),
+            ..StrategyConfig::default()
+        };
+        refused(
+            config,
+            &[
+                "`algorithm`",
+                algorithm.name(),
+                "ddp, local-sgd, post-local-sgd, hierarchical",
+            ],
+        );
+    }
+}

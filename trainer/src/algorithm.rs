@@ -1,9 +1,11 @@
 //! Turning an algorithm choice into pipeline parts: a comm hook (with its bucket reducer) and a
 //! model averager. Custom combinations can skip this and hand parts to the pipeline directly.
 
-use crate::config::{AlgorithmKind, Compression, PipelineBuckets, TrainConfig};
+use crate::config::{AlgorithmKind, Compression, OuterSettings, PipelineBuckets, TrainConfig};
 use crate::pipeline::PipelineError;
-use localsgd_averagers::{HierarchicalModelAverager, ModelAverager, PeriodicModelAverager};
+use localsgd_averagers::{
+    HierarchicalModelAverager, ModelAverager, OuterAverager, PeriodicModelAverager,
+};
 use localsgd_comm::Group;
 use localsgd_hooks::{
     AllReduceHook, BucketCaps, CommHook, CompressHook, GradientReducer, PostLocalSgdHook, Precision,
@@ -32,6 +34,9 @@ pub struct AlgorithmSpec {
     pub caps: BucketCaps,
     /// Compression around the hook.
     pub compression: Compression,
+    /// The outer optimizer, pseudo-gradient reduction and compression (`diloco`, `slowmo`;
+    /// `None` for the others).
+    pub outer: Option<OuterSettings>,
 }
 
 impl AlgorithmSpec {
@@ -54,6 +59,9 @@ impl AlgorithmSpec {
                 rest_bytes: mib(cfg.bucket_cap_mb).max(1),
             },
             compression: cfg.compression,
+            outer: cfg
+                .outer_settings()
+                .map_err(|e| PipelineError::Config(e.to_string()))?,
         })
     }
 
@@ -64,6 +72,19 @@ impl AlgorithmSpec {
             0 => String::new(),
             d => format!(" overlap={d}"),
         };
+        let outer = match &self.outer {
+            None => String::new(),
+            Some(o) => {
+                let compression = match o.compression {
+                    Some(p) => format!(" outer_compression={p}"),
+                    None => String::new(),
+                };
+                format!(
+                    " outer={:?} reduce={:?}{compression}",
+                    o.optimizer, o.reduce
+                )
+            }
+        };
         format!(
             "algorithm={:?} warmup={} period={:?} levels={:?} subgroup_size={:?} post_local_allreduce={} compression={:?}{overlap}",
             self.kind,
@@ -73,7 +94,7 @@ impl AlgorithmSpec {
             self.subgroup_size,
             self.post_local_allreduce,
             self.compression
-        )
+        ) + &outer
     }
 }
 
@@ -173,6 +194,35 @@ pub fn build(spec: &AlgorithmSpec, world: &Group) -> Result<AlgorithmParts, Pipe
                 world.clone(),
             )?)),
         },
+        AlgorithmKind::Diloco | AlgorithmKind::Slowmo => {
+            let outer = spec.outer.ok_or_else(|| {
+                PipelineError::Config(format!(
+                    "algorithm `{}` needs its outer optimizer settings",
+                    spec.kind.name()
+                ))
+            })?;
+            // Without levels: sync after every `period` local steps (the spec's cadence).
+            // With levels: the lower levels average plainly, the whole-world level steps.
+            let averager = if spec.levels.is_empty() {
+                OuterAverager::periodic(
+                    period(spec.kind.name())?,
+                    warmup_iters,
+                    outer.optimizer,
+                    world.clone(),
+                )?
+            } else {
+                let schedule =
+                    HierarchicalModelAverager::new(&spec.levels, spec.warmup, world.clone())?;
+                OuterAverager::new(Box::new(schedule), outer.optimizer, world.clone())?
+                    .with_local_start(warmup_iters)
+            }
+            .with_reduce(outer.reduce)?
+            .with_compression(outer.compression)?;
+            AlgorithmParts {
+                sync: Some((post_local_hook()?, reducer())),
+                averager: Some(Box::new(averager)),
+            }
+        }
     })
 }
 

@@ -13,7 +13,8 @@
 //! Each rank file holds: parameters in traversal order with their `ParamId`s (restored on
 //! resume, so the optimizer's per-parameter state re-attaches), the optimizer record, the
 //! averager state (its step) and, with overlapped averaging, an average started and not yet
-//! applied (its snapshot and result), the hook state (post-local SGD `iter`), iterations done,
+//! applied (its snapshot and result), with `diloco`/`slowmo` the outer averager's `θ`, outer
+//! momentum and outer-step count, the hook state (post-local SGD `iter`), iterations done,
 //! skipped steps and the data position (epoch, next batch). Shuffling is a pure function of (seed,
 //! epoch), so that position is the whole RNG state.
 
@@ -21,7 +22,7 @@ use crate::pipeline::DataPosition;
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::ModuleOptimizer;
 use burn::tensor::{Bytes, Tensor};
-use localsgd_averagers::{AveragerState, PendingAverage};
+use localsgd_averagers::{AveragerState, OuterState, PendingAverage};
 use localsgd_comm::params::{
     FlatBuffer, FlatLayout, FlatParams, ParamSelection, flatten_params, write_params,
 };
@@ -32,8 +33,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 const MAGIC: &[u8; 8] = b"LSGDCKPT";
-/// Format 2 added the pending overlapped average (a fourth part); format 1 files still load.
-const FORMAT: u32 = 2;
+/// Format 2 added the pending overlapped average (a fourth part), format 3 the outer averager's
+/// state (a fifth, empty without one); format 1 and 2 files still load.
+const FORMAT: u32 = 3;
 
 /// Checkpoint failures, naming the file involved.
 #[derive(Debug, thiserror::Error)]
@@ -137,6 +139,8 @@ pub struct RankCheckpoint {
     pub params: FlatBuffer,
     /// The pending overlapped average's snapshot and average (with `meta.pending`).
     pub pending: Option<(FlatBuffer, FlatBuffer)>,
+    /// The outer averager's state (`diloco`, `slowmo`).
+    pub outer: Option<OuterState>,
     /// The optimizer record, serialized by burn.
     pub optimizer: Vec<u8>,
 }
@@ -177,6 +181,7 @@ impl RankCheckpoint {
         data: Option<DataPosition>,
         averager: Option<AveragerState>,
         pending: Option<PendingAverage>,
+        outer: Option<OuterState>,
         hook: Option<HookState>,
         model: &M,
         optimizer: &ModuleOptimizer,
@@ -221,6 +226,7 @@ impl RankCheckpoint {
             },
             params: flat.buffer,
             pending: pending.map(|p| (p.snapshot, p.average)),
+            outer,
             optimizer,
         })
     }
@@ -278,12 +284,17 @@ impl RankCheckpoint {
             pending.extend(le_bytes(snapshot));
             pending.extend(le_bytes(average));
         }
+        let outer = self
+            .outer
+            .as_ref()
+            .map(OuterState::to_bytes)
+            .unwrap_or_default();
         let mut out = Vec::with_capacity(
-            40 + meta.len() + params.len() + self.optimizer.len() + pending.len(),
+            52 + meta.len() + params.len() + self.optimizer.len() + pending.len() + outer.len(),
         );
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&FORMAT.to_le_bytes());
-        for part in [&meta, &params, &self.optimizer, &pending] {
+        for part in [&meta, &params, &self.optimizer, &pending, &outer] {
             out.extend_from_slice(&(part.len() as u64).to_le_bytes());
             out.extend_from_slice(part);
         }
@@ -299,13 +310,17 @@ impl RankCheckpoint {
             return Err(corrupt("missing header"));
         }
         let format = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
-        if format != FORMAT && format != 1 {
-            return Err(corrupt(&format!("format {format}, expected 1 or {FORMAT}")));
-        }
-        let names: &[&str] = if format == 1 {
-            &["metadata", "parameters", "optimizer"]
-        } else {
-            &["metadata", "parameters", "optimizer", "pending average"]
+        let names: &[&str] = match format {
+            1 => &["metadata", "parameters", "optimizer"],
+            2 => &["metadata", "parameters", "optimizer", "pending average"],
+            FORMAT => &[
+                "metadata",
+                "parameters",
+                "optimizer",
+                "pending average",
+                "outer state",
+            ],
+            _ => return Err(corrupt(&format!("format {format}, expected 1 to {FORMAT}"))),
         };
         let mut rest = &bytes[12..];
         let mut parts = Vec::with_capacity(names.len());
@@ -344,10 +359,17 @@ impl RankCheckpoint {
             }
             _ => return Err(corrupt("pending average metadata and data do not match")),
         };
+        let outer = match parts.get(4) {
+            None | Some(&[]) => None,
+            Some(bytes) => Some(
+                OuterState::from_bytes(bytes).map_err(|e| corrupt(&format!("outer state: {e}")))?,
+            ),
+        };
         Ok(Self {
             meta,
             params,
             pending,
+            outer,
             optimizer: parts[2].to_vec(),
         })
     }

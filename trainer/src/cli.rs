@@ -3,7 +3,7 @@
 
 use crate::config::{
     AlgorithmKind, Backend, Compression, DatasetKind, DeviceKind, LrScheduleKind, MetricsFormat,
-    ModelKind, OptimizerKind, PipelineBuckets, TrainConfig,
+    ModelKind, OptimizerKind, OuterReduce, PipelineBuckets, TrainConfig,
 };
 use crate::pipeline::BufferPolicy;
 use std::path::PathBuf;
@@ -62,6 +62,22 @@ pub struct ConfigFlags {
     /// Hierarchical levels, e.g. "2:2,4:4" (period:group-size).
     #[arg(long)]
     pub levels: Option<String>,
+    /// diloco/slowmo: outer learning rate (default 0.7 for diloco, 1 for slowmo).
+    #[arg(long, allow_negative_numbers = true)]
+    pub outer_lr: Option<f64>,
+    /// diloco/slowmo: outer momentum (default 0.9 for diloco, 0.5 for slowmo).
+    #[arg(long, allow_negative_numbers = true)]
+    pub outer_momentum: Option<f64>,
+    /// diloco: Nesterov outer momentum (true/false; default true when the momentum is above 0).
+    #[arg(long)]
+    pub outer_nesterov: Option<bool>,
+    /// diloco/slowmo: pseudo-gradient reduction (default mean-of-deltas for diloco,
+    /// delta-of-mean for slowmo).
+    #[arg(long, value_enum)]
+    pub outer_reduce: Option<OuterReduce>,
+    /// diloco: pseudo-gradient compression (none, fp16, bf16; needs mean-of-deltas).
+    #[arg(long, value_enum)]
+    pub outer_compression: Option<Compression>,
     /// Post-warmup gradient all-reduce subgroup size (default: ranks on the same host).
     #[arg(long)]
     pub subgroup_size: Option<usize>,
@@ -285,6 +301,21 @@ impl ConfigFlags {
         }
         if let Some(v) = flags.subgroup_size {
             cfg.subgroup_size = Some(v);
+        }
+        if let Some(v) = flags.outer_lr {
+            cfg.outer_lr = Some(v);
+        }
+        if let Some(v) = flags.outer_momentum {
+            cfg.outer_momentum = Some(v);
+        }
+        if let Some(v) = flags.outer_nesterov {
+            cfg.outer_nesterov = Some(v);
+        }
+        if let Some(v) = flags.outer_reduce {
+            cfg.outer_reduce = Some(v);
+        }
+        if let Some(v) = flags.outer_compression {
+            cfg.outer_compression = Some(v);
         }
         if let Some(v) = flags.weight_decay {
             cfg.weight_decay = Some(v);

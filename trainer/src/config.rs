@@ -2,6 +2,8 @@
 //! command-line flags of the same names, validated before anything is written.
 
 pub use crate::pipeline::BufferPolicy;
+use localsgd_averagers::{OuterOptimizer, OuterSgdConfig, PseudoGradient};
+use localsgd_comm::Precision;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -53,6 +55,14 @@ pub enum AlgorithmKind {
     PostLocalSgd,
     /// Post-local SGD hook with hierarchical averaging (`levels`).
     Hierarchical,
+    /// DiLoCo: the post-local SGD hook's warmup, then every `period` local steps an outer
+    /// `torch.optim.SGD` step (default Nesterov, lr 0.7, momentum 0.9) on the global model with
+    /// the replicas' mean displacement as gradient; with `levels`, the lower levels average
+    /// plainly and the outer step runs at the whole-world level.
+    Diloco,
+    /// SlowMo (fairscale's arithmetic): like `diloco`, with the slow-momentum step
+    /// `u = βu + Δ/γ; θ = θ − αγu` (γ the step's inner learning rate; defaults α 1, β 0.5).
+    Slowmo,
 }
 
 impl AlgorithmKind {
@@ -63,6 +73,47 @@ impl AlgorithmKind {
             AlgorithmKind::LocalSgd => "local-sgd",
             AlgorithmKind::PostLocalSgd => "post-local-sgd",
             AlgorithmKind::Hierarchical => "hierarchical",
+            AlgorithmKind::Diloco => "diloco",
+            AlgorithmKind::Slowmo => "slowmo",
+        }
+    }
+
+    /// Whether this algorithm takes outer-optimizer steps (`diloco`, `slowmo`).
+    pub fn is_outer(self) -> bool {
+        matches!(self, AlgorithmKind::Diloco | AlgorithmKind::Slowmo)
+    }
+}
+
+/// How `diloco`/`slowmo` reduce the pseudo-gradient over the ranks (equal in exact arithmetic,
+/// they round differently).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum OuterReduce {
+    /// Every rank computes `θ − x_r`; the ranks average those (torchft, OpenDiLoCo; `diloco`'s
+    /// default).
+    MeanOfDeltas,
+    /// The ranks average their parameters; every rank computes `θ − mean(x_r)` (fairscale; the
+    /// only one `slowmo` accepts).
+    DeltaOfMean,
+}
+
+/// The outer optimizer settings of `diloco`/`slowmo`, resolved and checked
+/// ([`TrainConfig::outer_settings`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OuterSettings {
+    /// The outer optimizer.
+    pub optimizer: OuterOptimizer,
+    /// How the pseudo-gradient is reduced.
+    pub reduce: PseudoGradient,
+    /// The pseudo-gradients' wire precision (`None`: full precision).
+    pub compression: Option<Precision>,
+}
+
+impl From<OuterReduce> for PseudoGradient {
+    fn from(r: OuterReduce) -> Self {
+        match r {
+            OuterReduce::MeanOfDeltas => PseudoGradient::MeanOfDeltas,
+            OuterReduce::DeltaOfMean => PseudoGradient::DeltaOfMean,
         }
     }
 }
@@ -184,6 +235,21 @@ pub struct TrainConfig {
     /// Hierarchical levels as `period:group-size` pairs, e.g. `"2:2,4:4"`. Periods strictly
     /// increase; the last group size must be the number of workers.
     pub levels: String,
+    /// `diloco`/`slowmo`: the outer learning rate (DiLoCo's outer SGD lr, SlowMo's
+    /// `slowmo_lr` α). Unset: 0.7 for `diloco`, 1 for `slowmo`.
+    pub outer_lr: Option<f64>,
+    /// `diloco`/`slowmo`: the outer momentum (SGD momentum, SlowMo's `slowmo_momentum` β).
+    /// Unset: 0.9 for `diloco`, 0.5 for `slowmo`.
+    pub outer_momentum: Option<f64>,
+    /// `diloco`: Nesterov momentum for the outer SGD (needs `outer-momentum` > 0). Unset: true
+    /// when the outer momentum is above 0. `slowmo` is heavy-ball only.
+    pub outer_nesterov: Option<bool>,
+    /// `diloco`/`slowmo`: how the pseudo-gradient is reduced. Unset: `mean-of-deltas` for
+    /// `diloco`, `delta-of-mean` for `slowmo`.
+    pub outer_reduce: Option<OuterReduce>,
+    /// `diloco`: send the pseudo-gradients in half precision (`fp16`, `bf16`; needs
+    /// `mean-of-deltas`). Unset or `none`: full precision.
+    pub outer_compression: Option<Compression>,
     /// Post-warmup gradient all-reduce subgroup size (blocks of this many ranks). Unset: the
     /// ranks on the same host.
     pub subgroup_size: Option<usize>,
@@ -298,6 +364,11 @@ impl Default for TrainConfig {
             period: 4,
             overlap: 0,
             levels: String::new(),
+            outer_lr: None,
+            outer_momentum: None,
+            outer_nesterov: None,
+            outer_reduce: None,
+            outer_compression: None,
             subgroup_size: None,
             post_local_allreduce: false,
             broadcast_start: true,
@@ -413,6 +484,120 @@ impl TrainConfig {
         parse_levels(&self.levels)
     }
 
+    /// The outer optimizer and pseudo-gradient reduction of `diloco`/`slowmo` with their
+    /// defaults filled in (`None` for the other algorithms), checked by the averagers' own
+    /// rules; an error names the setting. Outer settings given to another algorithm are refused.
+    pub fn outer_settings(&self) -> Result<Option<OuterSettings>, ConfigError> {
+        let compression = match self.outer_compression {
+            None | Some(Compression::None) => None,
+            Some(Compression::Fp16) => Some(Precision::Fp16),
+            Some(Compression::Bf16) => Some(Precision::Bf16),
+        };
+        let given: [(&'static str, Option<String>); 5] = [
+            ("outer-lr", self.outer_lr.map(|v| v.to_string())),
+            ("outer-momentum", self.outer_momentum.map(|v| v.to_string())),
+            ("outer-nesterov", self.outer_nesterov.map(|v| v.to_string())),
+            (
+                "outer-reduce",
+                self.outer_reduce.map(|v| format!("{v:?}").to_lowercase()),
+            ),
+            (
+                "outer-compression",
+                self.outer_compression
+                    .map(|c| format!("{c:?}").to_lowercase()),
+            ),
+        ];
+        if !self.algorithm.is_outer() {
+            if let Some((setting, Some(value))) = given.into_iter().find(|g| g.1.is_some()) {
+                return Err(bad(
+                    setting,
+                    value,
+                    format!(
+                        "unset: outer settings apply to algorithms `diloco` and `slowmo`, not `{}`",
+                        self.algorithm.name()
+                    ),
+                ));
+            }
+            return Ok(None);
+        }
+        let lib = |setting: &'static str, value: String, optimizer: OuterOptimizer| {
+            optimizer
+                .validate()
+                .map_err(|e| bad(setting, value, e.to_string()))
+        };
+        let optimizer = match self.algorithm {
+            AlgorithmKind::Slowmo => {
+                let lr = self.outer_lr.unwrap_or(1.0);
+                let momentum = self.outer_momentum.unwrap_or(0.5);
+                lib(
+                    "outer-lr",
+                    lr.to_string(),
+                    OuterOptimizer::SlowMo { lr, momentum: 0.0 },
+                )?;
+                lib(
+                    "outer-momentum",
+                    momentum.to_string(),
+                    OuterOptimizer::SlowMo { lr: 1.0, momentum },
+                )?;
+                if self.outer_nesterov == Some(true) {
+                    return Err(bad(
+                        "outer-nesterov",
+                        true,
+                        "unset or false: SlowMo's slow step is heavy-ball momentum (fairscale); \
+                         use `diloco` for Nesterov",
+                    ));
+                }
+                OuterOptimizer::SlowMo { lr, momentum }
+            }
+            _ => {
+                let base = OuterSgdConfig::diloco();
+                let lr = self.outer_lr.unwrap_or(base.lr);
+                let momentum = self.outer_momentum.unwrap_or(base.momentum);
+                let nesterov = self.outer_nesterov.unwrap_or(momentum > 0.0);
+                lib("outer-lr", lr.to_string(), OuterSgdConfig::sgd(lr).into())?;
+                lib(
+                    "outer-momentum",
+                    momentum.to_string(),
+                    OuterSgdConfig::sgd(0.0).with_momentum(momentum).into(),
+                )?;
+                let config = OuterSgdConfig::sgd(lr)
+                    .with_momentum(momentum)
+                    .with_nesterov(nesterov);
+                lib("outer-nesterov", nesterov.to_string(), config.into())?;
+                config.into()
+            }
+        };
+        let reduce = self
+            .outer_reduce
+            .map_or(optimizer.default_reduce(), Into::into);
+        if matches!(optimizer, OuterOptimizer::SlowMo { .. })
+            && reduce == PseudoGradient::MeanOfDeltas
+        {
+            return Err(bad(
+                "outer-reduce",
+                "mean-of-deltas",
+                "`delta-of-mean` (or unset): SlowMo computes its slow step from the averaged \
+                 parameters, as fairscale does",
+            ));
+        }
+        if let Some(p) = compression
+            && reduce == PseudoGradient::DeltaOfMean
+        {
+            return Err(bad(
+                "outer-compression",
+                p,
+                "`none` with `delta-of-mean` (`slowmo`'s only reduction): half precision is for \
+                 the pseudo-gradients θ − x_r that `mean-of-deltas` sends, not for the \
+                 parameters",
+            ));
+        }
+        Ok(Some(OuterSettings {
+            optimizer,
+            reduce,
+            compression,
+        }))
+    }
+
     /// Check every setting that can be checked without touching the file system's run
     /// directory. `mpi_world` is the MPI world size when running under MPI.
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -442,8 +627,21 @@ impl TrainConfig {
             self.algorithm,
             AlgorithmKind::LocalSgd | AlgorithmKind::PostLocalSgd
         );
-        if averages && self.period == 0 {
+        let outer_levels = self.algorithm.is_outer() && !self.levels.trim().is_empty();
+        if (averages || (self.algorithm.is_outer() && !outer_levels)) && self.period == 0 {
             return Err(bad("period", 0, "period must be positive (1 or more)"));
+        }
+        self.outer_settings()?;
+        if self.overlap > 0 && self.algorithm.is_outer() {
+            return Err(bad(
+                "overlap",
+                self.overlap,
+                format!(
+                    "`0`: `{}` takes its outer step on the synchronised average at the \
+                     synchronisation step itself, so its averages cannot be overlapped",
+                    self.algorithm.name()
+                ),
+            ));
         }
         if self.overlap > 0 && !averages {
             return Err(bad(
@@ -471,7 +669,7 @@ impl TrainConfig {
                 ),
             ));
         }
-        if self.algorithm == AlgorithmKind::Hierarchical {
+        if self.algorithm == AlgorithmKind::Hierarchical || outer_levels {
             let levels = self.parsed_levels()?;
             if levels.is_empty() {
                 return Err(bad(

@@ -25,7 +25,7 @@ struct Cli {
 enum Command {
     /// Train the MLP (defaults: 2 thread workers, post-local SGD, bundled digits data).
     Train(ConfigFlags),
-    /// Run ddp, post-local-sgd and hierarchical on the same data and seed; print one table.
+    /// Run ddp, post-local-sgd, hierarchical, diloco and slowmo on the same data and seed; print one table.
     Compare(ConfigFlags),
     /// Measure all-reduce throughput against this machine's memcpy bandwidth.
     BenchComm(bench_comm::BenchCommFlags),
@@ -235,7 +235,7 @@ fn compare(flags: &ConfigFlags) -> Result<()> {
     let base = resolve_settings(flags)?;
     if base.backend != Backend::Threads {
         bail!(
-            "invalid setting `backend` = {} for `compare`: it runs the three algorithms one after another with thread workers in this process; drop the setting (or set `backend = \"threads\"`)",
+            "invalid setting `backend` = {} for `compare`: it runs the algorithms one after another with thread workers in this process; drop the setting (or set `backend = \"threads\"`)",
             base.backend.name()
         );
     }
@@ -249,11 +249,24 @@ fn compare(flags: &ConfigFlags) -> Result<()> {
         AlgorithmKind::Ddp,
         AlgorithmKind::PostLocalSgd,
         AlgorithmKind::Hierarchical,
+        AlgorithmKind::Diloco,
+        AlgorithmKind::Slowmo,
     ] {
         let mut cfg = base.clone();
         cfg.algorithm = algorithm;
         cfg.progress = false;
         cfg.resume = false;
+        if algorithm.is_outer() {
+            // DiLoCo and SlowMo on the same period as post-local SGD (no levels).
+            cfg.levels.clear();
+        } else {
+            // Outer settings given for the outer algorithms do not apply to the others.
+            cfg.outer_lr = None;
+            cfg.outer_momentum = None;
+            cfg.outer_nesterov = None;
+            cfg.outer_reduce = None;
+            cfg.outer_compression = None;
+        }
         if algorithm == AlgorithmKind::Hierarchical && cfg.parsed_levels()?.is_empty() {
             cfg.levels = localsgd_trainer::algorithm::default_levels(cfg.workers, cfg.period)
                 .iter()
@@ -286,7 +299,7 @@ fn compare(flags: &ConfigFlags) -> Result<()> {
             AlgorithmKind::Ddp => "ddp".to_string(),
             AlgorithmKind::PostLocalSgd => "post-local-sgd".to_string(),
             AlgorithmKind::Hierarchical => format!("hierarchical {levels}"),
-            AlgorithmKind::LocalSgd => "local-sgd".to_string(),
+            other => other.name().to_string(),
         };
         println!(
             "{:<16} {:>9.2}% {:>14} {:>12} {:>9.2}",

@@ -236,6 +236,20 @@ pub enum Algorithm {
         /// `(period, group size)` pairs, periods increasing, the last group the world.
         levels: Vec<(u64, usize)>,
     },
+    /// An outer-optimizer step over the world after every `period` local steps (DiLoCo,
+    /// SlowMo: gradient all-reduce during the warmup, then syncs after iterations
+    /// `warmup + period − 1`, `warmup + 2·period − 1`, ...). A sync sends what an average
+    /// does: the layout check and one all-reduce of the parameters (pseudo-gradients).
+    Outer {
+        /// Local steps between syncs.
+        period: u64,
+        /// SlowMo's slow step (`slowmo`) rather than DiLoCo's outer SGD (`diloco`); the
+        /// traffic is the same.
+        slowmo: bool,
+        /// Pseudo-gradients sent in half precision (`outer-compression`): 2 bytes a
+        /// parameter instead of 4.
+        compressed: bool,
+    },
 }
 
 impl Algorithm {
@@ -249,6 +263,8 @@ impl Algorithm {
             } => "post-local-sgd",
             Algorithm::Periodic { .. } => "local-sgd",
             Algorithm::Hierarchical { .. } => "hierarchical",
+            Algorithm::Outer { slowmo: false, .. } => "diloco",
+            Algorithm::Outer { slowmo: true, .. } => "slowmo",
         }
     }
 }
@@ -310,6 +326,11 @@ impl Schedule {
         }
         match algorithm {
             Algorithm::Ddp => {}
+            Algorithm::Outer { period, .. } => {
+                if *period == 0 {
+                    return Err(invalid("period", 0, "a period of at least 1"));
+                }
+            }
             Algorithm::Periodic {
                 period, overlap, ..
             } => {
@@ -441,6 +462,26 @@ impl Schedule {
                     average(&mut out, w, *overlap > 0);
                 }
             }
+            Algorithm::Outer {
+                period, compressed, ..
+            } => {
+                if i < self.warmup {
+                    gradients(&mut out);
+                } else if (i - self.warmup + 1).is_multiple_of(*period) && w > 1 {
+                    out.push(Collective {
+                        group: w,
+                        bytes: 32,
+                        data: false,
+                        overlapped: false,
+                    });
+                    out.push(Collective {
+                        group: w,
+                        bytes: self.params.saturating_mul(if *compressed { 2 } else { 4 }),
+                        data: true,
+                        overlapped: false,
+                    });
+                }
+            }
             Algorithm::Hierarchical { levels } => {
                 if i < self.warmup {
                     gradients(&mut out);
@@ -474,7 +515,7 @@ impl Schedule {
     pub fn cycle(&self) -> u64 {
         let mut c = match &self.algorithm {
             Algorithm::Ddp => 1,
-            Algorithm::Periodic { period, .. } => *period,
+            Algorithm::Periodic { period, .. } | Algorithm::Outer { period, .. } => *period,
             Algorithm::Hierarchical { levels } => levels.last().map_or(1, |l| l.0),
         };
         if self.log_every > 0 {

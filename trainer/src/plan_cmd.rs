@@ -61,7 +61,8 @@ pub(crate) struct PlanFlags {
     /// Time of one small collective inside a host, µs.
     #[arg(long, default_value_t = 5.0)]
     intra_latency_us: f64,
-    /// Algorithms, comma-separated: ddp, local-sgd, post-local-sgd, hierarchical.
+    /// Algorithms, comma-separated: ddp, local-sgd, post-local-sgd, hierarchical, diloco,
+    /// slowmo.
     #[arg(
         long,
         alias = "algorithm",
@@ -69,7 +70,8 @@ pub(crate) struct PlanFlags {
         default_value = "ddp,post-local-sgd,hierarchical"
     )]
     algorithms: Vec<String>,
-    /// Averaging period (local-sgd, post-local-sgd).
+    /// Averaging period (local-sgd, post-local-sgd; diloco and slowmo: local steps between
+    /// outer steps).
     #[arg(long, default_value_t = 4)]
     period: u64,
     /// Overlapped averaging delay for local-sgd and post-local-sgd (0: blocking; at most
@@ -90,6 +92,9 @@ pub(crate) struct PlanFlags {
     /// Gradient compression.
     #[arg(long, value_enum, default_value = "none")]
     compression: Compression,
+    /// diloco: pseudo-gradient compression (2 bytes a parameter per sync).
+    #[arg(long, value_enum, default_value = "none")]
+    outer_compression: Compression,
     /// Pipelined gradient sync (true: the binary's `--pipeline-buckets on`, or `auto` with ranks
     /// on more than one host; false: `off`, or `auto` on one host).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
@@ -135,8 +140,13 @@ fn algorithm(name: &str, flags: &PlanFlags, layout: Layout) -> Result<Algorithm>
             };
             Algorithm::Hierarchical { levels }
         }
+        "diloco" | "slowmo" => Algorithm::Outer {
+            period: flags.period,
+            slowmo: name == "slowmo",
+            compressed: flags.outer_compression != Compression::None,
+        },
         other => bail!(
-            "invalid --algorithms entry {other:?}: valid: ddp, local-sgd, post-local-sgd, hierarchical"
+            "invalid --algorithms entry {other:?}: valid: ddp, local-sgd, post-local-sgd, hierarchical, diloco, slowmo"
         ),
     })
 }
@@ -225,7 +235,7 @@ pub(crate) fn run(flags: &PlanFlags) -> Result<()> {
     };
     if flags.algorithms.is_empty() {
         bail!(
-            "invalid --algorithms \"\": name at least one of ddp, local-sgd, post-local-sgd, hierarchical"
+            "invalid --algorithms \"\": name at least one of ddp, local-sgd, post-local-sgd, hierarchical, diloco, slowmo"
         );
     }
     let mut rows: Vec<(Algorithm, Prediction)> = Vec::new();
@@ -266,6 +276,7 @@ pub(crate) fn run(flags: &PlanFlags) -> Result<()> {
                     .collect::<Vec<_>>()
                     .join(",")
             ),
+            Algorithm::Outer { period, .. } => format!("{} period {period}", a.name()),
             Algorithm::Ddp => "ddp".to_string(),
         };
         println!(

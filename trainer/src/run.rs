@@ -480,6 +480,7 @@ pub fn train_worker(
             ckpt.meta.averager.as_ref(),
             ckpt.meta.hook.as_ref(),
             ckpt.pending_average(),
+            ckpt.outer.as_ref(),
         )?;
         position = ckpt.meta.data.unwrap_or_default();
     }
@@ -568,6 +569,7 @@ pub fn train_worker(
         if done > 0 && !already {
             let ctx = CheckpointContext {
                 pending_average: pending_average.clone(),
+                outer: pipeline.outer_state(),
                 iterations_done: done,
                 skipped_steps: pipeline.skipped_steps(),
                 model: &model,
@@ -641,6 +643,7 @@ pub fn save_checkpoint(
         ctx.data,
         ctx.averager.clone(),
         ctx.pending_average.clone(),
+        ctx.outer.clone(),
         ctx.hook.clone(),
         ctx.model,
         ctx.optimizer,

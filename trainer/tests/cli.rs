@@ -152,6 +152,68 @@ fn bad_input_is_rejected_before_anything_is_written() {
         "algorithm `hierarchical` does not support it yet",
         &run,
     );
+    assert_rejected(
+        &base(&["--algorithm", "diloco", "--outer-lr", "-0.5"]),
+        "`outer-lr` = -0.5: outer averaging: outer lr must be a finite number >= 0",
+        &run,
+    );
+    assert_rejected(
+        &base(&["--algorithm", "slowmo", "--outer-lr", "0"]),
+        "`outer-lr` = 0",
+        &run,
+    );
+    assert_rejected(
+        &base(&[
+            "--algorithm",
+            "diloco",
+            "--outer-momentum",
+            "0",
+            "--outer-nesterov",
+            "true",
+        ]),
+        "`outer-nesterov` = true: outer averaging: Nesterov momentum requires a momentum",
+        &run,
+    );
+    assert_rejected(
+        &base(&["--algorithm", "slowmo", "--outer-nesterov", "true"]),
+        "`outer-nesterov` = true",
+        &run,
+    );
+    assert_rejected(
+        &base(&["--algorithm", "slowmo", "--outer-reduce", "mean-of-deltas"]),
+        "`outer-reduce` = mean-of-deltas",
+        &run,
+    );
+    assert_rejected(
+        &base(&["--outer-lr", "0.5"]),
+        "outer settings apply to algorithms `diloco` and `slowmo`, not `post-local-sgd`",
+        &run,
+    );
+    assert_rejected(
+        &base(&["--algorithm", "slowmo", "--outer-compression", "bf16"]),
+        "`outer-compression` = bf16",
+        &run,
+    );
+    assert_rejected(
+        &base(&["--outer-compression", "fp16"]),
+        "`outer-compression` = fp16: unset: outer settings apply",
+        &run,
+    );
+    assert_rejected(
+        &base(&["--algorithm", "diloco", "--overlap", "1"]),
+        "`overlap` = 1",
+        &run,
+    );
+    assert_rejected(
+        &base(&["--algorithm", "diloco", "--period", "0"]),
+        "`period` = 0",
+        &run,
+    );
+    assert_rejected(
+        &base(&["--algorithm", "diloco", "--levels", "2:3"]),
+        "does not fit 2 workers",
+        &run,
+    );
 
     let cfg = dir.path().join("bad.toml");
     let c = cfg.to_str().unwrap();
@@ -329,6 +391,15 @@ fn plan_payload_matches_the_metrics_of_a_real_run_exactly() {
             false,
         ),
         ("local-sgd", "local-sgd", vec!["--period", "3"], false),
+        // Outer steps after iterations warmup + 3k − 1: the same bytes as an average.
+        ("diloco", "diloco", vec!["--period", "3"], false),
+        ("slowmo", "slowmo", vec!["--period", "4"], false),
+        (
+            "diloco-fp16",
+            "diloco",
+            vec!["--period", "3", "--outer-compression", "fp16"],
+            false,
+        ),
         (
             "hierarchical",
             "hierarchical",

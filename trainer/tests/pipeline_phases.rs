@@ -38,6 +38,7 @@ fn pipelined_spec(kind: AlgorithmKind, pipelined: bool) -> AlgorithmSpec {
             rest_bytes: 32,
         },
         compression: Compression::None,
+        outer: None,
     }
 }
 

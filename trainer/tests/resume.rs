@@ -130,6 +130,68 @@ fn schedules_clipping_and_accumulation_resume_bit_identically() {
     });
 }
 
+/// DiLoCo syncs after steps 5, 8 and 11 (warmup 3, period 3): the stop at 7 is mid-round, so
+/// the checkpoint must carry θ and the outer Nesterov momentum; the last step is local, so
+/// the ranks' models differ at the end.
+#[test]
+fn diloco_resumes_bit_identically_with_theta_and_outer_momentum() {
+    check_resume_with(AlgorithmKind::Diloco, OptimizerKind::Sgd, 0, |c| {
+        c.levels.clear();
+        c.period = 3;
+    });
+}
+
+/// SlowMo's slow step divides by the inner learning rate, which a step schedule changes
+/// across the stop; with levels, the lower level averages plainly and the world level (every
+/// 5 steps) takes the slow step.
+#[test]
+fn slowmo_with_a_schedule_and_levels_resumes_bit_identically() {
+    check_resume_with(AlgorithmKind::Slowmo, OptimizerKind::Sgd, 0, |c| {
+        c.outer_momentum = Some(0.9);
+        c.outer_lr = Some(0.7);
+        c.lr_schedule = localsgd_trainer::config::LrScheduleKind::Step;
+        c.lr_step_size = 3;
+        c.lr_gamma = 0.5;
+    });
+}
+
+/// A checkpoint of an outer averager without its outer state (an older format, or a damaged
+/// writer) is refused instead of re-taking θ from replicas that have drifted apart.
+#[test]
+fn an_outer_run_without_saved_outer_state_is_refused() {
+    use localsgd_trainer::checkpoint::CheckpointDir;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path(), AlgorithmKind::Diloco, OptimizerKind::Sgd);
+    cfg.levels.clear();
+    cfg.steps = Some(4);
+    let data = load_data(&cfg).unwrap();
+    train_threads(&cfg, &data, Some(dir.path()), None).unwrap();
+    let spec = localsgd_trainer::algorithm::AlgorithmSpec::from_config(&cfg).unwrap();
+    let identity = localsgd_trainer::run::run_identity(&spec, cfg.workers);
+    let ckpts = CheckpointDir::new(dir.path());
+    let stripped: Vec<_> = (0..cfg.workers)
+        .map(|rank| {
+            let mut ckpt = ckpts.load_rank(rank, &identity).unwrap();
+            let outer = ckpt.outer.take().expect("an outer state in the checkpoint");
+            assert_eq!(outer.outer_steps, 0, "no sync before step 5");
+            ckpt
+        })
+        .collect();
+    // The same checkpoint written again without the outer state.
+    ckpts.begin(4).unwrap();
+    for ckpt in &stripped {
+        ckpts.write_rank(4, ckpt).unwrap();
+    }
+    ckpts.commit(4, &identity).unwrap();
+    let mut again = cfg.clone();
+    again.resume = true;
+    again.steps = Some(8);
+    let err = train_threads(&again, &data, Some(dir.path()), None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("holds no outer-optimizer state"), "{err}");
+}
+
 #[test]
 fn hierarchical_with_adam_resumes_bit_identically() {
     check_resume(AlgorithmKind::Hierarchical, OptimizerKind::Adam);

@@ -20,7 +20,7 @@ use burn::optim::lr_scheduler::module_lr_scheduler::{ModuleLearningRate, ModuleL
 use burn::optim::{GradientsAccumulator, GradientsParams, ModuleOptimizer};
 use burn::tensor::Tensor;
 use localsgd_averagers::{
-    AverageParameters, AveragerState, ModelAverager, PendingAverage, average_in_group,
+    AverageParameters, AveragerState, ModelAverager, OuterState, PendingAverage, average_in_group,
     broadcast_in_group,
 };
 use localsgd_comm::params::{FlatBuffer, ParamSelection, flatten_grads, grads_from_flat};
@@ -151,6 +151,9 @@ pub struct CheckpointContext<'a, M> {
     /// An overlapped average started and not yet applied (its collective completed for the
     /// checkpoint), to be restored with [`Pipeline::restore`].
     pub pending_average: Option<PendingAverage>,
+    /// The outer averager's `θ`, outer momentum and outer-step count (`diloco`, `slowmo`), to
+    /// be restored with [`Pipeline::restore`].
+    pub outer: Option<OuterState>,
     /// Hook state (e.g. the post-local SGD `iter`), if a hook is configured.
     pub hook: Option<HookState>,
     /// Where the batch source stands.
@@ -289,8 +292,10 @@ impl<M: Module> Pipeline<M> {
     }
 
     /// Restore the counters and component states saved in a checkpoint, including an
-    /// overlapped average that was pending. The caller restores the model parameters and the
-    /// data position.
+    /// overlapped average that was pending and an outer averager's `θ` and momentum (which an
+    /// outer averager requires). The caller restores the model parameters and the data
+    /// position. Fails, before changing the averager, when the saved states do not fit it.
+    #[allow(clippy::too_many_arguments)]
     pub fn restore(
         &mut self,
         iterations_done: u64,
@@ -299,7 +304,26 @@ impl<M: Module> Pipeline<M> {
         averager: Option<&AveragerState>,
         hook: Option<&HookState>,
         pending_average: Option<PendingAverage>,
+        outer: Option<&OuterState>,
     ) -> Result<(), PipelineError> {
+        match (self.averager.as_mut().and_then(|a| a.outer_mut()), outer) {
+            (Some(o), Some(state)) => o.load_global_state(state)?,
+            (None, None) => {}
+            (Some(_), None) => {
+                return Err(PipelineError::Config(
+                    "the checkpoint holds no outer-optimizer state (θ, outer momentum), which \
+                     this run's outer averager needs to continue exactly"
+                        .into(),
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(PipelineError::Config(
+                    "the checkpoint holds an outer-optimizer state but this run has no outer \
+                     averager"
+                        .into(),
+                ));
+            }
+        }
         match (&mut self.averager, averager) {
             (Some(a), Some(s)) => {
                 a.load_state(s)?;
@@ -434,6 +458,15 @@ impl<M: Module> Pipeline<M> {
                         loss_value = total / micro as f32;
                         grads = Some(sum.grads());
                     }
+                    // An outer averager's θ: the model before the first optimizer step (equal
+                    // on every rank after the start broadcast), over the parameters with a
+                    // gradient (those it will synchronise). Resumed runs restore θ instead.
+                    if let (Some(g), Some(outer)) =
+                        (&grads, self.averager.as_mut().and_then(|a| a.outer_mut()))
+                        && outer.global_params().is_none()
+                    {
+                        outer.reset_global(&m, &ParamSelection::with_grads(&m, g))?;
+                    }
                     m
                 }
                 Phase::GradientSync => {
@@ -450,6 +483,10 @@ impl<M: Module> Pipeline<M> {
                         None => ModuleLearningRate::from(self.options.lr),
                     };
                     lr_used = lr.base();
+                    // SlowMo's slow step divides by the learning rate of the step just taken.
+                    if let Some(outer) = self.averager.as_mut().and_then(|a| a.outer_mut()) {
+                        outer.set_inner_lr(lr_used);
+                    }
                     // The averager averages "parameters that had a gradient this step": note
                     // them before the optimizer consumes the gradients, but only when an
                     // averaging is due (the check is free otherwise).
@@ -551,6 +588,7 @@ impl<M: Module> Pipeline<M> {
                         let pending_average = self.pending_average()?;
                         let ctx = CheckpointContext {
                             pending_average,
+                            outer: self.outer_state(),
                             iterations_done: self.iteration + 1,
                             skipped_steps: self.skipped_steps,
                             model: &m,
@@ -599,6 +637,14 @@ impl<M: Module> Pipeline<M> {
             Some(overlap) => Ok(overlap.settle()?),
             None => Ok(None),
         }
+    }
+
+    /// The outer averager's state to checkpoint (`None` without one, or before `θ` was taken).
+    pub fn outer_state(&self) -> Option<OuterState> {
+        self.averager
+            .as_ref()
+            .and_then(|a| a.outer())
+            .and_then(|o| o.global_state())
     }
 
     /// End training: apply an overlapped average still in flight (every rank, at the same
