@@ -103,8 +103,16 @@ pub trait AverageParameters: ModelAverager {
 
     /// Apply an overlapped average still in flight now, before its completion step (call once
     /// at the end of training, on every rank, so the final model includes it). A no-op for
-    /// blocking averagers and when nothing is pending.
+    /// blocking averagers and when nothing is pending. For an outer averager it is
+    /// [`OuterAverager::finish`]: a Streaming DiLoCo pseudo-gradient in flight completes its
+    /// collective and stays unapplied.
     fn complete_pending<M: Module>(&mut self, module: M) -> Result<M, AveragerError> {
+        if let Some(outer) = self.outer_mut() {
+            // Streaming DiLoCo: a pseudo-gradient in flight completes its collective but is
+            // not applied (its perform step lies beyond the run).
+            outer.finish()?;
+            return Ok(module);
+        }
         match self.overlap_mut() {
             Some(overlap) => overlap.complete_now(module),
             None => Ok(module),

@@ -77,6 +77,7 @@ pub use group::new_group;
 pub use hierarchical::HierarchicalModelAverager;
 pub use outer::{
     OuterAverager, OuterOptimizer, OuterSgd, OuterSgdConfig, OuterState, PseudoGradient,
+    StreamingConfig,
 };
 pub use overlap::{Overlap, PendingAverage};
 pub use periodic::PeriodicModelAverager;

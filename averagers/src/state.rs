@@ -36,6 +36,17 @@ pub enum AveragerConfig {
         /// Steps before the first averaging.
         warmup_steps: u64,
     },
+    /// Streaming DiLoCo's schedule (see [`StreamingConfig`](crate::outer::StreamingConfig)).
+    Streaming {
+        /// Local steps in which every fragment syncs once.
+        sync_every: u64,
+        /// Number of fragments.
+        fragments: usize,
+        /// Steps between measuring a fragment's pseudo-gradient and applying it.
+        delay: u64,
+        /// Steps of synchronous warm-up before the first local step.
+        warmup_steps: u64,
+    },
     /// An [`OuterAverager`](crate::OuterAverager) on a schedule.
     Outer {
         /// The schedule's configuration.
@@ -75,6 +86,15 @@ impl fmt::Display for AveragerConfig {
                     levels.join(", ")
                 )
             }
+            AveragerConfig::Streaming {
+                sync_every,
+                fragments,
+                delay,
+                warmup_steps,
+            } => write!(
+                f,
+                "streaming(sync_every {sync_every}, fragments {fragments}, delay {delay}, warmup_steps {warmup_steps})"
+            ),
             AveragerConfig::Outer { schedule, outer } => write!(f, "{outer} on {schedule}"),
         }
     }

@@ -472,7 +472,11 @@ fn state_round_trip_resumes_bitwise() {
                     .average_parameters(model, &ParamSelection::All)
                     .expect("average");
                 if s == 5 {
-                    let bytes = a.global_state().expect("θ taken").to_bytes();
+                    let bytes = a
+                        .global_state()
+                        .expect("settled")
+                        .expect("θ taken")
+                        .to_bytes();
                     saved = Some((a.state(), bytes, get(&model)));
                 }
             }

@@ -4,7 +4,7 @@
 use crate::config::{AlgorithmKind, Compression, OuterSettings, PipelineBuckets, TrainConfig};
 use crate::pipeline::PipelineError;
 use localsgd_averagers::{
-    HierarchicalModelAverager, ModelAverager, OuterAverager, PeriodicModelAverager,
+    HierarchicalModelAverager, ModelAverager, OuterAverager, OuterOptimizer, PeriodicModelAverager,
 };
 use localsgd_comm::Group;
 use localsgd_hooks::{
@@ -79,8 +79,15 @@ impl AlgorithmSpec {
                     Some(p) => format!(" outer_compression={p}"),
                     None => String::new(),
                 };
+                let streaming = match &o.streaming {
+                    Some(s) => format!(
+                        " fragments={} fragment_sync_delay={} fragment_alpha={}",
+                        s.fragments, s.delay, s.alpha
+                    ),
+                    None => String::new(),
+                };
                 format!(
-                    " outer={:?} reduce={:?}{compression}",
+                    " outer={:?} reduce={:?}{compression}{streaming}",
                     o.optimizer, o.reduce
                 )
             }
@@ -203,7 +210,12 @@ pub fn build(spec: &AlgorithmSpec, world: &Group) -> Result<AlgorithmParts, Pipe
             })?;
             // Without levels: sync after every `period` local steps (the spec's cadence).
             // With levels: the lower levels average plainly, the whole-world level steps.
-            let averager = if spec.levels.is_empty() {
+            let averager = if let (Some(streaming), OuterOptimizer::Sgd(sgd)) =
+                (outer.streaming, outer.optimizer)
+            {
+                // Streaming DiLoCo: `period` is its sync_every.
+                OuterAverager::streaming(streaming, warmup_iters, sgd, world.clone())?
+            } else if spec.levels.is_empty() {
                 OuterAverager::periodic(
                     period(spec.kind.name())?,
                     warmup_iters,

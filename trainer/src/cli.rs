@@ -78,6 +78,15 @@ pub struct ConfigFlags {
     /// diloco: pseudo-gradient compression (none, fp16, bf16; needs mean-of-deltas).
     #[arg(long, value_enum)]
     pub outer_compression: Option<Compression>,
+    /// diloco: Streaming DiLoCo's fragments (default 1: plain DiLoCo).
+    #[arg(long)]
+    pub fragments: Option<usize>,
+    /// diloco: Streaming DiLoCo's fragment sync delay (default 0; below period / fragments).
+    #[arg(long)]
+    pub fragment_sync_delay: Option<u64>,
+    /// diloco: Streaming DiLoCo's mixing factor alpha in [0, 1] (default 0).
+    #[arg(long, allow_negative_numbers = true)]
+    pub fragment_alpha: Option<f64>,
     /// Post-warmup gradient all-reduce subgroup size (default: ranks on the same host).
     #[arg(long)]
     pub subgroup_size: Option<usize>,
@@ -316,6 +325,15 @@ impl ConfigFlags {
         }
         if let Some(v) = flags.outer_compression {
             cfg.outer_compression = Some(v);
+        }
+        if let Some(v) = flags.fragments {
+            cfg.fragments = Some(v);
+        }
+        if let Some(v) = flags.fragment_sync_delay {
+            cfg.fragment_sync_delay = Some(v);
+        }
+        if let Some(v) = flags.fragment_alpha {
+            cfg.fragment_alpha = Some(v);
         }
         if let Some(v) = flags.weight_decay {
             cfg.weight_decay = Some(v);

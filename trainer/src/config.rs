@@ -2,7 +2,7 @@
 //! command-line flags of the same names, validated before anything is written.
 
 pub use crate::pipeline::BufferPolicy;
-use localsgd_averagers::{OuterOptimizer, OuterSgdConfig, PseudoGradient};
+use localsgd_averagers::{OuterOptimizer, OuterSgdConfig, PseudoGradient, StreamingConfig};
 use localsgd_comm::Precision;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -107,6 +107,8 @@ pub struct OuterSettings {
     pub reduce: PseudoGradient,
     /// The pseudo-gradients' wire precision (`None`: full precision).
     pub compression: Option<Precision>,
+    /// Streaming DiLoCo's fragments, delay and mixing (`None`: every parameter syncs at once).
+    pub streaming: Option<StreamingConfig>,
 }
 
 impl From<OuterReduce> for PseudoGradient {
@@ -250,6 +252,17 @@ pub struct TrainConfig {
     /// `diloco`: send the pseudo-gradients in half precision (`fp16`, `bf16`; needs
     /// `mean-of-deltas`). Unset or `none`: full precision.
     pub outer_compression: Option<Compression>,
+    /// `diloco`: Streaming DiLoCo's number of fragments F (contiguous runs of whole parameter
+    /// tensors); one fragment syncs every `period / fragments` local steps, each every
+    /// `period`. Unset: 1 (plain DiLoCo).
+    pub fragments: Option<usize>,
+    /// `diloco`: Streaming DiLoCo's τ (torchft's `fragment_sync_delay`): a fragment's
+    /// pseudo-gradient is measured and its all-reduce started τ local steps before it is
+    /// applied, behind those steps' compute. Below `period / fragments`. Unset: 0.
+    pub fragment_sync_delay: Option<u64>,
+    /// `diloco`: Streaming DiLoCo's α (torchft's `fragment_update_alpha`): after its outer
+    /// step a fragment becomes `θ_f + α·(x_f − θ_f)`. In [0, 1]. Unset: 0.
+    pub fragment_alpha: Option<f64>,
     /// Post-warmup gradient all-reduce subgroup size (blocks of this many ranks). Unset: the
     /// ranks on the same host.
     pub subgroup_size: Option<usize>,
@@ -369,6 +382,9 @@ impl Default for TrainConfig {
             outer_nesterov: None,
             outer_reduce: None,
             outer_compression: None,
+            fragments: None,
+            fragment_sync_delay: None,
+            fragment_alpha: None,
             subgroup_size: None,
             post_local_allreduce: false,
             broadcast_start: true,
@@ -493,7 +509,7 @@ impl TrainConfig {
             Some(Compression::Fp16) => Some(Precision::Fp16),
             Some(Compression::Bf16) => Some(Precision::Bf16),
         };
-        let given: [(&'static str, Option<String>); 5] = [
+        let given: [(&'static str, Option<String>); 8] = [
             ("outer-lr", self.outer_lr.map(|v| v.to_string())),
             ("outer-momentum", self.outer_momentum.map(|v| v.to_string())),
             ("outer-nesterov", self.outer_nesterov.map(|v| v.to_string())),
@@ -506,6 +522,12 @@ impl TrainConfig {
                 self.outer_compression
                     .map(|c| format!("{c:?}").to_lowercase()),
             ),
+            ("fragments", self.fragments.map(|v| v.to_string())),
+            (
+                "fragment-sync-delay",
+                self.fragment_sync_delay.map(|v| v.to_string()),
+            ),
+            ("fragment-alpha", self.fragment_alpha.map(|v| v.to_string())),
         ];
         if !self.algorithm.is_outer() {
             if let Some((setting, Some(value))) = given.into_iter().find(|g| g.1.is_some()) {
@@ -591,11 +613,72 @@ impl TrainConfig {
                  parameters",
             ));
         }
+        let streaming = self.streaming_settings(&optimizer, reduce)?;
         Ok(Some(OuterSettings {
             optimizer,
             reduce,
             compression,
+            streaming,
         }))
+    }
+
+    /// Streaming DiLoCo's settings, checked by the averagers' rules (torchft's, in its order),
+    /// each error named after its setting; `None` when none is given.
+    fn streaming_settings(
+        &self,
+        optimizer: &OuterOptimizer,
+        reduce: PseudoGradient,
+    ) -> Result<Option<StreamingConfig>, ConfigError> {
+        let (Some(f), tau, alpha) = (
+            self.fragments.or((self.fragment_sync_delay.is_some()
+                || self.fragment_alpha.is_some())
+            .then_some(1)),
+            self.fragment_sync_delay.unwrap_or(0),
+            self.fragment_alpha.unwrap_or(0.0),
+        ) else {
+            return Ok(None);
+        };
+        let (setting, value) = match (self.fragments, self.fragment_sync_delay) {
+            (Some(f), _) => ("fragments", f.to_string()),
+            (None, Some(d)) => ("fragment-sync-delay", d.to_string()),
+            (None, None) => ("fragment-alpha", alpha.to_string()),
+        };
+        if matches!(optimizer, OuterOptimizer::SlowMo { .. }) {
+            return Err(bad(
+                setting,
+                value,
+                "unset: fragments, delays and mixing are Streaming DiLoCo's (`diloco`); SlowMo \
+                 syncs all parameters at once",
+            ));
+        }
+        if reduce == PseudoGradient::DeltaOfMean {
+            return Err(bad(
+                setting,
+                value,
+                "unset, or `outer-reduce = \"mean-of-deltas\"`: Streaming DiLoCo averages the \
+                 fragments' pseudo-gradients (torchft)",
+            ));
+        }
+        if !self.levels.trim().is_empty() {
+            return Err(bad(
+                setting,
+                value,
+                "unset with `levels`: Streaming DiLoCo has its own schedule of fragments (drop \
+                 `levels` to stream)",
+            ));
+        }
+        let check = |setting: &'static str, value: String, config: StreamingConfig| {
+            config
+                .validate()
+                .map(|_| ())
+                .map_err(|e| bad(setting, value, e.to_string()))
+        };
+        let base = StreamingConfig::new(self.period, f);
+        check("fragments", f.to_string(), base)?;
+        check("fragment-sync-delay", tau.to_string(), base.with_delay(tau))?;
+        let config = base.with_delay(tau).with_alpha(alpha);
+        check("fragment-alpha", alpha.to_string(), config)?;
+        Ok(Some(config))
     }
 
     /// Check every setting that can be checked without touching the file system's run

@@ -266,6 +266,9 @@ fn compare(flags: &ConfigFlags) -> Result<()> {
             cfg.outer_nesterov = None;
             cfg.outer_reduce = None;
             cfg.outer_compression = None;
+            cfg.fragments = None;
+            cfg.fragment_sync_delay = None;
+            cfg.fragment_alpha = None;
         }
         if algorithm == AlgorithmKind::Hierarchical && cfg.parsed_levels()?.is_empty() {
             cfg.levels = localsgd_trainer::algorithm::default_levels(cfg.workers, cfg.period)

@@ -557,6 +557,7 @@ pub fn train_worker(
     // is saved pending (so a longer resumed run applies it where this one would have) and then
     // applied to the final model.
     let pending_average = pipeline.pending_average()?;
+    let outer_state = pipeline.outer_state()?;
     let wall = started.elapsed();
     let traffic = group.traffic() - traffic_start;
     if let Some(w) = &mut metrics {
@@ -569,7 +570,7 @@ pub fn train_worker(
         if done > 0 && !already {
             let ctx = CheckpointContext {
                 pending_average: pending_average.clone(),
-                outer: pipeline.outer_state(),
+                outer: outer_state.clone(),
                 iterations_done: done,
                 skipped_steps: pipeline.skipped_steps(),
                 model: &model,

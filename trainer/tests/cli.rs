@@ -200,6 +200,55 @@ fn bad_input_is_rejected_before_anything_is_written() {
         &run,
     );
     assert_rejected(
+        &base(&["--algorithm", "diloco", "--fragments", "3"]),
+        "`fragments` = 3: outer averaging: sync_every must divide the number of fragments",
+        &run,
+    );
+    assert_rejected(
+        &base(&["--algorithm", "diloco", "--fragments", "5"]),
+        "Only 1 fragment can be syncrhonized at a time",
+        &run,
+    );
+    assert_rejected(
+        &base(&[
+            "--algorithm",
+            "diloco",
+            "--fragments",
+            "2",
+            "--fragment-sync-delay",
+            "2",
+        ]),
+        "`fragment-sync-delay` = 2",
+        &run,
+    );
+    assert_rejected(
+        &base(&["--algorithm", "diloco", "--fragment-alpha", "1.5"]),
+        "`fragment-alpha` = 1.5",
+        &run,
+    );
+    assert_rejected(
+        &base(&["--algorithm", "slowmo", "--fragments", "2"]),
+        "`fragments` = 2: unset: fragments, delays and mixing are Streaming DiLoCo's",
+        &run,
+    );
+    assert_rejected(
+        &base(&[
+            "--algorithm",
+            "diloco",
+            "--fragments",
+            "2",
+            "--levels",
+            "4:2",
+        ]),
+        "unset with `levels`",
+        &run,
+    );
+    assert_rejected(
+        &base(&["--fragments", "2"]),
+        "outer settings apply to algorithms `diloco` and `slowmo`",
+        &run,
+    );
+    assert_rejected(
         &base(&["--algorithm", "diloco", "--overlap", "1"]),
         "`overlap` = 1",
         &run,

@@ -66,6 +66,7 @@ fn spec(kind: AlgorithmKind, warmup: i64, outer: OuterOptimizer) -> AlgorithmSpe
             optimizer: outer,
             reduce: outer.default_reduce(),
             compression: None,
+            streaming: None,
         }),
     }
 }

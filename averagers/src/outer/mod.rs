@@ -1,4 +1,5 @@
-//! Outer-optimizer model averaging (`../shared/spec/outer-optimizers.md`): DiLoCo and SlowMo.
+//! Outer-optimizer model averaging (`../shared/spec/outer-optimizers.md`): DiLoCo, SlowMo and
+//! Streaming DiLoCo.
 //!
 //! Instead of replacing every replica by the average, an [`OuterAverager`] keeps the global
 //! parameters `θ` (the model as it was right after the last synchronisation) and, at each
@@ -27,8 +28,12 @@
 //! `W − 1` (the replicas, synchronised by gradient all-reduce during the warm-up, are identical
 //! but have moved). A synchronisation without `θ` is an error, never a lazy snapshot.
 //!
-//! Not here yet: Streaming DiLoCo (fragments, delayed fragment sync, mixing), pseudo-gradient
-//! compression, the binary's `--algorithm diloco|slowmo`.
+//! - **Streaming DiLoCo**: [`OuterAverager::streaming`] syncs one fragment of the parameters
+//!   at a time on torchft's schedule, each fragment with its own outer optimizer, optionally
+//!   starting a fragment's all-reduce `τ` steps early (non-blocking) and mixing the local values
+//!   back in with α ([`StreamingConfig`]).
+//! - **Compression**: [`OuterAverager::with_compression`] sends the pseudo-gradients in fp16 or
+//!   bf16.
 //!
 //! Four workers (threads) with targets 0..3 fit `w` by SGD; DiLoCo syncs every 3 steps. The
 //! numbers are the spec's vector V2:
@@ -75,9 +80,11 @@
 
 mod sgd;
 mod state;
+mod streaming;
 
 pub use sgd::{OuterSgd, OuterSgdConfig};
-pub use state::OuterState;
+pub use state::{FragmentState, OuterState, PendingDelta};
+pub use streaming::StreamingConfig;
 
 use crate::average::{average_in_group, check_agreement};
 use crate::averager::{ModelAverager, check_state_config};
@@ -86,11 +93,15 @@ use crate::overlap::selection_of_indices;
 use crate::periodic::PeriodicModelAverager;
 use crate::state::{AveragerConfig, AveragerState};
 use burn::module::Module;
+use half::{bf16, f16};
 use localsgd_comm::params::{FlatBuffer, ParamSelection, flatten_params, write_params};
 use localsgd_comm::precision::Compressible;
-use localsgd_comm::{Element, Group, GroupExt, Precision, average_compressed, round_to};
+use localsgd_comm::{
+    AsyncGroup, Element, Group, GroupExt, Pending, Precision, average_compressed, round_to,
+};
 use serde::{Deserialize, Serialize};
 use sgd::{Real, slow_step, type_name};
+use streaming::StreamingSchedule;
 
 /// How the pseudo-gradient is reduced over the group (spec §1.1). Equal in exact arithmetic,
 /// they round differently (bitwise equal on dyadic data, vector V9).
@@ -174,7 +185,55 @@ struct Global {
     slow_momentum: Option<FlatBuffer>,
 }
 
-/// Model averaging with an outer optimizer (DiLoCo, SlowMo); see the [module docs](self).
+/// A fragment's averaged pseudo-gradient on its way (Streaming DiLoCo with a delay), or
+/// arrived.
+enum Transfer {
+    F32(Pending<f32>),
+    F64(Pending<f64>),
+    /// In half precision on the wire; `wide`: the parameters are f64.
+    F16(Pending<f16>, bool),
+    Bf16(Pending<bf16>, bool),
+    Ready(FlatBuffer),
+}
+
+impl Transfer {
+    fn into_ready(self) -> Result<FlatBuffer, AveragerError> {
+        fn widen<H: Element>(v: Vec<H>, wide: bool) -> FlatBuffer {
+            if wide {
+                FlatBuffer::F64(v.into_iter().map(|x| x.to_f64()).collect())
+            } else {
+                FlatBuffer::F32(v.into_iter().map(|x| x.to_f64() as f32).collect())
+            }
+        }
+        Ok(match self {
+            Transfer::F32(p) => FlatBuffer::F32(p.wait()?),
+            Transfer::F64(p) => FlatBuffer::F64(p.wait()?),
+            Transfer::F16(p, wide) => widen(p.wait()?, wide),
+            Transfer::Bf16(p, wide) => widen(p.wait()?, wide),
+            Transfer::Ready(b) => b,
+        })
+    }
+}
+
+/// Streaming DiLoCo's moving parts: the cadence, the non-blocking communicator (created at the
+/// first delayed prepare) and the fragment whose pseudo-gradient is on its way.
+struct Streaming {
+    cadence: StreamingSchedule,
+    side: Option<AsyncGroup>,
+    in_flight: Option<(usize, Transfer)>,
+}
+
+impl std::fmt::Debug for Streaming {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Streaming")
+            .field("config", self.cadence.config())
+            .field("in_flight", &self.in_flight.as_ref().map(|p| p.0))
+            .finish()
+    }
+}
+
+/// Model averaging with an outer optimizer (DiLoCo, SlowMo, Streaming DiLoCo); see the
+/// [module docs](self).
 #[derive(Debug)]
 pub struct OuterAverager {
     world: Group,
@@ -183,9 +242,12 @@ pub struct OuterAverager {
     reduce: PseudoGradient,
     local_start: u64,
     inner_lr: Option<f64>,
-    global: Option<Global>,
+    /// `θ` and the outer optimizer's state per fragment (one unless streaming); empty until
+    /// taken.
+    global: Vec<Global>,
     outer_steps: u64,
     compression: Option<Precision>,
+    streaming: Option<Streaming>,
 }
 
 impl OuterAverager {
@@ -214,9 +276,10 @@ impl OuterAverager {
             optimizer,
             local_start: 0,
             inner_lr: None,
-            global: None,
+            global: Vec::new(),
             outer_steps: 0,
             compression: None,
+            streaming: None,
         })
     }
 
@@ -246,6 +309,44 @@ impl OuterAverager {
         Ok(Self::new(Box::new(schedule), optimizer, world)?.with_local_start(warmup))
     }
 
+    /// Streaming DiLoCo (torchft's `DiLoCo` with fragments, spec §2.4) with `optimizer` as
+    /// every fragment's own outer optimizer (one state per fragment: torchft's shared-optimizer
+    /// hazard §2.4.5 cannot happen). After `warmup` synchronous steps (`θ` refreshed after step
+    /// `warmup − 1`), local step `L = (step − warmup) mod P + 1`, `P = sync_every / fragments`:
+    ///
+    /// - at `L = P − τ` the fragment `f = M mod F` (`M` the outer steps so far) measures
+    ///   `θ_f − x_f` and starts its average over `world` (non-blocking when `τ > 0`: the
+    ///   all-reduce runs behind the next `τ` steps' compute);
+    /// - at `L = P` it waits for that average `Δ_f`, keeps its local values `X_f`, takes the
+    ///   outer step `θ_f ← OuterOpt_f(θ_f, Δ_f)` and sets `x_f ← θ_f + α·(X_f − θ_f)`.
+    ///
+    /// The fragments are contiguous runs of whole parameter tensors in traversal order (the
+    /// first `n mod F` fragments one tensor longer), fixed when `θ` is taken. The
+    /// pseudo-gradient is always the mean of deltas (torchft's). Every commit succeeds: a failed
+    /// collective is an error, never a silent retry. With one fragment, no delay and no mixing
+    /// this is DiLoCo (E8).
+    pub fn streaming(
+        config: StreamingConfig,
+        warmup: u64,
+        optimizer: OuterSgdConfig,
+        world: Group,
+    ) -> Result<Self, AveragerError> {
+        let cadence = StreamingSchedule::new(config, warmup, world.clone())?;
+        let mut averager =
+            Self::new(Box::new(cadence.clone()), optimizer.into(), world)?.with_local_start(warmup);
+        averager.streaming = Some(Streaming {
+            cadence,
+            side: None,
+            in_flight: None,
+        });
+        Ok(averager)
+    }
+
+    /// Streaming DiLoCo's settings (`None` for DiLoCo and SlowMo on a schedule).
+    pub fn streaming_config(&self) -> Option<&StreamingConfig> {
+        self.streaming.as_ref().map(|s| s.cadence.config())
+    }
+
     /// Refresh `θ` after step `local_start − 1`, the last step of a synchronous warm-up (`0`:
     /// never; `θ` then comes from [`reset_global`](Self::reset_global) alone). Give the
     /// warm-up of the post-local SGD hook the replicas train under.
@@ -257,6 +358,13 @@ impl OuterAverager {
     /// Reduce the pseudo-gradient with `reduce` (default: mean of deltas for SGD, delta of mean
     /// for SlowMo, which averages the parameters as fairscale does and refuses the other).
     pub fn with_reduce(mut self, reduce: PseudoGradient) -> Result<Self, AveragerError> {
+        if self.streaming.is_some() && reduce == PseudoGradient::DeltaOfMean {
+            return Err(AveragerError::Outer(
+                "Streaming DiLoCo averages the fragments' pseudo-gradients θ_f − x_f (torchft): \
+                 the reduction must be mean-of-deltas"
+                    .into(),
+            ));
+        }
         if matches!(self.optimizer, OuterOptimizer::SlowMo { .. })
             && reduce == PseudoGradient::MeanOfDeltas
         {
@@ -318,19 +426,37 @@ impl OuterAverager {
         self.outer_steps
     }
 
-    /// `θ`, once taken.
+    /// `θ`, once taken (Streaming DiLoCo: fragment 0's; see
+    /// [`fragment_params`](Self::fragment_params)).
     pub fn global_params(&self) -> Option<&FlatBuffer> {
-        self.global.as_ref().map(|g| &g.theta)
+        self.fragment_params(0)
+    }
+
+    /// Fragment `f`'s `θ_f`, once taken.
+    pub fn fragment_params(&self, f: usize) -> Option<&FlatBuffer> {
+        self.global.get(f).map(|g| &g.theta)
     }
 
     /// The outer momentum (torch's `momentum_buffer` for SGD, fairscale's
-    /// `global_momentum_buffer` for SlowMo), if any.
+    /// `global_momentum_buffer` for SlowMo), if any (Streaming DiLoCo: fragment 0's).
     pub fn outer_momentum(&self) -> Option<&FlatBuffer> {
-        let g = self.global.as_ref()?;
+        self.fragment_momentum(0)
+    }
+
+    /// Fragment `f`'s outer momentum, if any.
+    pub fn fragment_momentum(&self, f: usize) -> Option<&FlatBuffer> {
+        let g = self.global.get(f)?;
         match &g.sgd {
             Some(sgd) => sgd.momentum_buffer(),
             None => g.slow_momentum.as_ref(),
         }
+    }
+
+    /// The number of fragments `θ` is kept in (1 unless streaming).
+    pub fn fragment_count(&self) -> usize {
+        self.streaming
+            .as_ref()
+            .map_or(1, |s| s.cadence.config().fragments)
     }
 
     /// Take `θ` from `selection`'s parameters of `module` (call on every rank with identical
@@ -343,73 +469,146 @@ impl OuterAverager {
         selection: &ParamSelection,
     ) -> Result<(), AveragerError> {
         let flat = flatten_params(module, selection)?;
-        let entries = entries_of(&flat);
-        if let Some(g) = &mut self.global
-            && g.entries == entries
-            && type_name(&g.theta) == type_name(&flat.buffer)
-        {
-            g.theta = flat.buffer;
+        let parts = split_fragments(entries_of(&flat), &flat.buffer, self.fragment_count())?;
+        let keep = self.global.len() == parts.len()
+            && self.global.iter().zip(&parts).all(|(g, (entries, theta))| {
+                &g.entries == entries && type_name(&g.theta) == type_name(theta)
+            });
+        if keep {
+            for (g, (_, theta)) in self.global.iter_mut().zip(parts) {
+                g.theta = theta;
+            }
             return Ok(());
         }
-        let (sgd, slow_momentum) = match self.optimizer {
-            OuterOptimizer::Sgd(c) => (Some(OuterSgd::new(c)?), None),
-            OuterOptimizer::SlowMo { .. } => (None, Some(zeros_like(&flat.buffer))),
-        };
-        self.global = Some(Global {
-            entries,
-            theta: flat.buffer,
-            sgd,
-            slow_momentum,
-        });
+        let mut global = Vec::with_capacity(parts.len());
+        for (entries, theta) in parts {
+            let (sgd, slow_momentum) = match self.optimizer {
+                OuterOptimizer::Sgd(c) => (Some(OuterSgd::new(c)?), None),
+                OuterOptimizer::SlowMo { .. } => (None, Some(zeros_like(&theta))),
+            };
+            global.push(Global {
+                entries,
+                theta,
+                sgd,
+                slow_momentum,
+            });
+        }
+        self.global = global;
         Ok(())
     }
 
-    /// The state to checkpoint beside [`state`](ModelAverager::state): `θ`, the outer momentum
-    /// and the outer-step count (`None` before `θ` was taken).
-    pub fn global_state(&self) -> Option<OuterState> {
-        let g = self.global.as_ref()?;
-        Some(OuterState {
+    /// Wait for a pseudo-gradient average still on its way (Streaming DiLoCo with a delay) and
+    /// keep it, not applied, for its perform step. Every rank calls it at the same step (a
+    /// checkpoint, the end of training); a no-op when nothing is in flight.
+    pub fn settle(&mut self) -> Result<(), AveragerError> {
+        if let Some(s) = &mut self.streaming
+            && let Some((f, transfer)) = s.in_flight.take()
+        {
+            s.in_flight = Some((f, Transfer::Ready(transfer.into_ready()?)));
+        }
+        Ok(())
+    }
+
+    /// End of training: [`settle`](Self::settle) a pseudo-gradient in flight (it stays
+    /// unapplied: the run ended before its perform step, and a checkpoint saved it) and close
+    /// the non-blocking communicator (an error if a collective was left pending).
+    pub fn finish(&mut self) -> Result<(), AveragerError> {
+        self.settle()?;
+        if let Some(s) = &mut self.streaming
+            && let Some(side) = s.side.take()
+        {
+            side.close()?;
+        }
+        Ok(())
+    }
+
+    /// The state to checkpoint beside [`state`](ModelAverager::state): per fragment `θ` and
+    /// the outer momentum, the outer-step count, and a pending averaged pseudo-gradient (its
+    /// collective completed first, see [`settle`](Self::settle)). `None` before `θ` was taken.
+    pub fn global_state(&mut self) -> Result<Option<OuterState>, AveragerError> {
+        if self.global.is_empty() {
+            return Ok(None);
+        }
+        self.settle()?;
+        let pending = match self.streaming.as_ref().and_then(|s| s.in_flight.as_ref()) {
+            Some((fragment, Transfer::Ready(delta))) => Some(PendingDelta {
+                fragment: *fragment,
+                delta: delta.clone(),
+            }),
+            _ => None,
+        };
+        Ok(Some(OuterState {
             outer_steps: self.outer_steps,
-            entries: g.entries.clone(),
-            theta: g.theta.clone(),
-            momentum: self.outer_momentum().cloned(),
-        })
+            fragments: (0..self.global.len())
+                .map(|f| FragmentState {
+                    entries: self.global[f].entries.clone(),
+                    theta: self.global[f].theta.clone(),
+                    momentum: self.fragment_momentum(f).cloned(),
+                })
+                .collect(),
+            pending,
+        }))
     }
 
     /// Restore a state from [`global_state`](Self::global_state). Fails, changing nothing, when
     /// its momentum does not fit this optimizer or its buffers disagree in type or length.
     pub fn load_global_state(&mut self, state: &OuterState) -> Result<(), AveragerError> {
         state.check()?;
-        let (sgd, slow_momentum) = match self.optimizer {
-            OuterOptimizer::Sgd(c) => {
-                if c.momentum == 0.0 && state.momentum.is_some() {
-                    return Err(AveragerError::Outer(
-                        "the saved outer state has a momentum buffer but this outer SGD has \
-                         momentum 0"
-                            .into(),
-                    ));
+        if state.fragments.len() != self.fragment_count() {
+            return Err(AveragerError::Outer(format!(
+                "the saved outer state has {} fragment(s), this averager keeps {}",
+                state.fragments.len(),
+                self.fragment_count()
+            )));
+        }
+        if state.pending.is_some() && self.streaming.is_none() {
+            return Err(AveragerError::Outer(
+                "the saved outer state holds a pending pseudo-gradient, which only Streaming \
+                 DiLoCo has"
+                    .into(),
+            ));
+        }
+        let mut global = Vec::with_capacity(state.fragments.len());
+        for frag in &state.fragments {
+            let (sgd, slow_momentum) = match self.optimizer {
+                OuterOptimizer::Sgd(c) => {
+                    if c.momentum == 0.0 && frag.momentum.is_some() {
+                        return Err(AveragerError::Outer(
+                            "the saved outer state has a momentum buffer but this outer SGD \
+                             has momentum 0"
+                                .into(),
+                        ));
+                    }
+                    let mut sgd = OuterSgd::new(c)?;
+                    sgd.set_momentum_buffer(frag.momentum.clone());
+                    (Some(sgd), None)
                 }
-                let mut sgd = OuterSgd::new(c)?;
-                sgd.set_momentum_buffer(state.momentum.clone());
-                (Some(sgd), None)
-            }
-            OuterOptimizer::SlowMo { .. } => match &state.momentum {
-                Some(m) => (None, Some(m.clone())),
-                None => {
-                    return Err(AveragerError::Outer(
-                        "the saved outer state has no slow momentum buffer, which SlowMo needs"
-                            .into(),
-                    ));
-                }
-            },
-        };
-        self.global = Some(Global {
-            entries: state.entries.clone(),
-            theta: state.theta.clone(),
-            sgd,
-            slow_momentum,
-        });
+                OuterOptimizer::SlowMo { .. } => match &frag.momentum {
+                    Some(m) => (None, Some(m.clone())),
+                    None => {
+                        return Err(AveragerError::Outer(
+                            "the saved outer state has no slow momentum buffer, which SlowMo \
+                             needs"
+                                .into(),
+                        ));
+                    }
+                },
+            };
+            global.push(Global {
+                entries: frag.entries.clone(),
+                theta: frag.theta.clone(),
+                sgd,
+                slow_momentum,
+            });
+        }
+        self.global = global;
         self.outer_steps = state.outer_steps;
+        if let Some(s) = &mut self.streaming {
+            s.in_flight = state
+                .pending
+                .as_ref()
+                .map(|p| (p.fragment, Transfer::Ready(p.delta.clone())));
+        }
         Ok(())
     }
 
@@ -419,8 +618,12 @@ impl OuterAverager {
             Some(p) => format!(", compression {p}"),
             None => String::new(),
         };
+        let alpha = match &self.streaming {
+            Some(s) => format!(", alpha {}", s.cadence.config().alpha),
+            None => String::new(),
+        };
         format!(
-            "outer({:?}, reduce {:?}, local_start {}{compression})",
+            "outer({:?}, reduce {:?}, local_start {}{compression}{alpha})",
             self.optimizer, self.reduce, self.local_start
         )
     }
@@ -433,10 +636,22 @@ impl OuterAverager {
         selection: &ParamSelection,
     ) -> Result<M, AveragerError> {
         let step = self.schedule.step();
-        let module = match self.schedule.scheduled_group() {
-            Some(g) if g.size() == self.world.size() => self.outer_sync(module, selection)?,
-            Some(g) => average_in_group(module, selection, &g)?,
-            None => module,
+        let module = match &self.streaming {
+            Some(s) => {
+                let event = s.cadence.event(step);
+                if let Some(f) = event.prepare {
+                    self.start_delta(&module, f)?;
+                }
+                match event.perform {
+                    Some(f) => self.apply_delta(module, f)?,
+                    None => module,
+                }
+            }
+            None => match self.schedule.scheduled_group() {
+                Some(g) if g.size() == self.world.size() => self.outer_sync(module, selection)?,
+                Some(g) => average_in_group(module, selection, &g)?,
+                None => module,
+            },
         };
         if self.local_start > 0 && step + 1 == self.local_start {
             self.refresh_global(&module)?;
@@ -447,11 +662,108 @@ impl OuterAverager {
 
     /// `θ ← x` over `θ`'s own parameters (the warm-up's end).
     fn refresh_global<M: Module>(&mut self, module: &M) -> Result<(), AveragerError> {
-        let Some(g) = &self.global else {
+        if self.global.is_empty() {
             return Err(not_taken());
-        };
-        let indices: Vec<usize> = g.entries.iter().map(|e| e.0).collect();
+        }
+        let indices: Vec<usize> = self
+            .global
+            .iter()
+            .flat_map(|g| g.entries.iter().map(|e| e.0))
+            .collect();
         self.reset_global(module, &selection_of_indices(module, &indices))
+    }
+
+    /// Fragment `f`'s parameters of `module`, checked against `θ_f`.
+    fn fragment_flat<M: Module>(
+        &self,
+        module: &M,
+        f: usize,
+    ) -> Result<localsgd_comm::params::FlatParams, AveragerError> {
+        let g = self.global.get(f).ok_or_else(not_taken)?;
+        let indices: Vec<usize> = g.entries.iter().map(|e| e.0).collect();
+        let flat = flatten_params(module, &selection_of_indices(module, &indices))?;
+        if entries_of(&flat) != g.entries || type_name(&flat.buffer) != type_name(&g.theta) {
+            return Err(AveragerError::Outer(format!(
+                "fragment {f}'s parameters ({} {} elements) are not those θ_{f} was taken from \
+                 ({} {} elements): take θ again with reset_global",
+                flat.buffer.len(),
+                type_name(&flat.buffer),
+                g.theta.len(),
+                type_name(&g.theta)
+            )));
+        }
+        Ok(flat)
+    }
+
+    /// Streaming prepare: `θ_f − x_f` and its average over the world, started (blocking when
+    /// the delay is 0).
+    fn start_delta<M: Module>(&mut self, module: &M, f: usize) -> Result<(), AveragerError> {
+        let flat = self.fragment_flat(module, f)?;
+        let world = self.world.clone();
+        if world.size() > 1 {
+            check_agreement(&world, &flat)?;
+        }
+        let compression = self.compression;
+        let theta = &self.global[f].theta;
+        let Some(s) = self.streaming.as_mut() else {
+            return Err(AveragerError::Outer("not a streaming averager".into()));
+        };
+        if let Some((pending, _)) = &s.in_flight {
+            return Err(AveragerError::Outer(format!(
+                "fragment {f}'s pseudo-gradient cannot start while fragment {pending}'s is still \
+                 pending (the delay must be below sync_every / fragments)"
+            )));
+        }
+        let delayed = s.cadence.config().delay > 0 && world.size() > 1;
+        let side = if delayed {
+            Some(side_group(&mut s.side, &world)?)
+        } else {
+            None
+        };
+        let transfer = match (&flat.buffer, theta) {
+            (FlatBuffer::F32(x), FlatBuffer::F32(t)) => {
+                mean_delta(difference(t, x), side, &world, compression)?
+            }
+            (FlatBuffer::F64(x), FlatBuffer::F64(t)) => {
+                mean_delta(difference(t, x), side, &world, compression)?
+            }
+            _ => return Err(type_changed()),
+        };
+        s.in_flight = Some((f, transfer));
+        Ok(())
+    }
+
+    /// Streaming perform: wait for fragment `f`'s averaged pseudo-gradient, take the outer step
+    /// on `θ_f`, and mix: `x_f ← θ_f + α·(X_f − θ_f)`.
+    fn apply_delta<M: Module>(&mut self, module: M, f: usize) -> Result<M, AveragerError> {
+        let Some(s) = self.streaming.as_mut() else {
+            return Err(AveragerError::Outer("not a streaming averager".into()));
+        };
+        let alpha = s.cadence.config().alpha;
+        let delta = match s.in_flight.take() {
+            Some((g, transfer)) if g == f => transfer.into_ready()?,
+            other => {
+                return Err(AveragerError::Outer(format!(
+                    "fragment {f} is due for its outer step but {} (a checkpoint taken between \
+                     its prepare and perform steps must carry the pending pseudo-gradient)",
+                    match other {
+                        Some((g, _)) => format!("the pending pseudo-gradient is fragment {g}'s"),
+                        None => "no pseudo-gradient is pending".to_string(),
+                    }
+                )));
+            }
+        };
+        let mut flat = self.fragment_flat(&module, f)?;
+        let g = &mut self.global[f];
+        let sgd = g.sgd.as_mut().ok_or_else(type_changed)?;
+        sgd.step(&mut g.theta, &delta)?;
+        match (&mut flat.buffer, &g.theta) {
+            (FlatBuffer::F32(x), FlatBuffer::F32(t)) => mix(x, t, alpha),
+            (FlatBuffer::F64(x), FlatBuffer::F64(t)) => mix(x, t, alpha),
+            _ => return Err(type_changed()),
+        }
+        self.outer_steps += 1;
+        Ok(write_params(module, &flat)?)
     }
 
     fn outer_sync<M: Module>(
@@ -464,7 +776,7 @@ impl OuterAverager {
         let compression = self.compression;
         let optimizer = self.optimizer;
         let inner_lr = self.inner_lr;
-        let Some(g) = self.global.as_mut() else {
+        let Some(g) = self.global.first_mut() else {
             return Err(not_taken());
         };
         let mut flat = flatten_params(&module, selection)?;
@@ -547,6 +859,134 @@ impl OuterAverager {
         self.outer_steps += 1;
         Ok(write_params(module, &flat)?)
     }
+}
+
+/// `x ← t + α·(x − t)` element by element (torchft's `lerp_`); `x ← t` exactly when `α = 0`.
+fn mix<T: Real>(x: &mut [T], t: &[T], alpha: f64) {
+    if alpha == 0.0 {
+        x.copy_from_slice(t);
+        return;
+    }
+    let a = T::of(alpha);
+    for (x, &t) in x.iter_mut().zip(t) {
+        *x = t + a * (*x - t);
+    }
+}
+
+/// The non-blocking communicator over `world`, created (collectively) on first use.
+fn side_group<'a>(
+    side: &'a mut Option<AsyncGroup>,
+    world: &Group,
+) -> Result<&'a mut AsyncGroup, AveragerError> {
+    if side.is_none() {
+        *side = Some(AsyncGroup::new(world.clone())?);
+    }
+    side.as_mut()
+        .ok_or_else(|| AveragerError::Outer("no communicator".into()))
+}
+
+/// A parameter element type whose averages travel as a [`Transfer`].
+trait Wire: Element + Compressible {
+    /// The transfer of a full-precision average.
+    fn transfer(pending: Pending<Self>) -> Transfer;
+    /// These values as a flat buffer.
+    fn flat(values: Vec<Self>) -> FlatBuffer;
+    /// Whether this is f64 (a half-precision transfer widens back to it).
+    const WIDE: bool;
+}
+
+impl Wire for f32 {
+    fn transfer(pending: Pending<Self>) -> Transfer {
+        Transfer::F32(pending)
+    }
+    fn flat(values: Vec<Self>) -> FlatBuffer {
+        FlatBuffer::F32(values)
+    }
+    const WIDE: bool = false;
+}
+
+impl Wire for f64 {
+    fn transfer(pending: Pending<Self>) -> Transfer {
+        Transfer::F64(pending)
+    }
+    fn flat(values: Vec<Self>) -> FlatBuffer {
+        FlatBuffer::F64(values)
+    }
+    const WIDE: bool = true;
+}
+
+/// The world's mean of the pseudo-gradient `d`: started on `side` (non-blocking) when given,
+/// else computed now.
+fn mean_delta<T: Wire>(
+    mut d: Vec<T>,
+    side: Option<&mut AsyncGroup>,
+    world: &Group,
+    compression: Option<Precision>,
+) -> Result<Transfer, AveragerError> {
+    match side {
+        Some(side) => start_transfer(side, d, compression),
+        None => {
+            group_mean(world, &mut d, compression)?;
+            Ok(Transfer::Ready(T::flat(d)))
+        }
+    }
+}
+
+/// Start averaging `d` on `side` (in half precision with `compression`: rounded once, divided
+/// and summed there, as [`group_mean`]).
+fn start_transfer<T: Wire>(
+    side: &mut AsyncGroup,
+    d: Vec<T>,
+    compression: Option<Precision>,
+) -> Result<Transfer, AveragerError> {
+    Ok(match compression {
+        Some(Precision::Fp16) => Transfer::F16(
+            side.start_average(d.iter().map(|&x| x.to_f16()).collect())?,
+            T::WIDE,
+        ),
+        Some(Precision::Bf16) => Transfer::Bf16(
+            side.start_average(d.iter().map(|&x| x.to_bf16()).collect())?,
+            T::WIDE,
+        ),
+        None => T::transfer(side.start_average(d)?),
+    })
+}
+
+/// A fragment's (traversal index, element count) entries and its values.
+type Fragment = (Vec<(usize, usize)>, FlatBuffer);
+
+/// Split θ's parameters into `count` fragments of whole tensors, contiguous in traversal
+/// order, the first `n mod count` one tensor longer.
+fn split_fragments(
+    entries: Vec<(usize, usize)>,
+    buffer: &FlatBuffer,
+    count: usize,
+) -> Result<Vec<Fragment>, AveragerError> {
+    if count == 1 {
+        return Ok(vec![(entries, buffer.clone())]);
+    }
+    let n = entries.len();
+    if n < count {
+        return Err(AveragerError::Outer(format!(
+            "Streaming DiLoCo splits the parameters into {count} fragments of whole tensors, but \
+             only {n} parameter tensor(s) are selected (valid: at most {n} fragments)"
+        )));
+    }
+    let mut out = Vec::with_capacity(count);
+    let (mut tensor, mut offset) = (0, 0);
+    for f in 0..count {
+        let take = n / count + usize::from(f < n % count);
+        let part: Vec<(usize, usize)> = entries[tensor..tensor + take].to_vec();
+        let len: usize = part.iter().map(|e| e.1).sum();
+        let slice = match buffer {
+            FlatBuffer::F32(v) => FlatBuffer::F32(v[offset..offset + len].to_vec()),
+            FlatBuffer::F64(v) => FlatBuffer::F64(v[offset..offset + len].to_vec()),
+        };
+        out.push((part, slice));
+        tensor += take;
+        offset += len;
+    }
+    Ok(out)
 }
 
 /// `v` replaced by its mean over `world` (divide, then sum), on the wire in `compression` when

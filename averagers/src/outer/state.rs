@@ -1,4 +1,5 @@
-//! The outer averager's checkpoint state: `θ`, the outer momentum and the outer-step count, as
+//! The outer averager's checkpoint state: per fragment `θ` and the outer momentum, the
+//! outer-step count, and (Streaming DiLoCo) a pseudo-gradient averaged and not yet applied, as
 //! bytes (floats are stored bit for bit, so a resume is exact).
 
 use super::sgd::type_name as dtype;
@@ -6,88 +7,167 @@ use crate::error::AveragerError;
 use localsgd_comm::params::FlatBuffer;
 use serde::{Deserialize, Serialize};
 
-const MAGIC: &[u8; 8] = b"LSGDOUTR";
+const MAGIC: &[u8; 8] = b"LSGDOUT2";
+
+/// One fragment's part of an [`OuterState`]: its parameters, `θ` and outer momentum.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FragmentState {
+    /// (traversal index, element count) of every parameter of the fragment, in traversal
+    /// order.
+    pub entries: Vec<(usize, usize)>,
+    /// The fragment's `θ`, flat in traversal order.
+    pub theta: FlatBuffer,
+    /// Its outer momentum (`None`: torch's "no buffer yet", or momentum 0).
+    pub momentum: Option<FlatBuffer>,
+}
+
+/// A pseudo-gradient whose average was started (Streaming DiLoCo's prepare step) and not yet
+/// applied: the group's mean, completed for the checkpoint.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PendingDelta {
+    /// The fragment it belongs to.
+    pub fragment: usize,
+    /// The group's mean of `θ_f − x_f`.
+    pub delta: FlatBuffer,
+}
 
 /// What an [`OuterAverager`](super::OuterAverager) needs beside its step counter to continue
-/// exactly: `θ` per parameter (traversal index, element count), its values, the outer momentum
-/// and the number of outer steps taken.
+/// exactly: per fragment (one for DiLoCo and SlowMo, several for Streaming DiLoCo) its
+/// parameters, `θ` and outer momentum; the number of outer steps taken; a pending averaged
+/// pseudo-gradient.
 ///
 /// ```
 /// use localsgd_averagers::OuterState;
+/// use localsgd_averagers::outer::{FragmentState, PendingDelta};
 /// use localsgd_averagers::comm::params::FlatBuffer;
 ///
 /// let state = OuterState {
 ///     outer_steps: 2,
-///     entries: vec![(0, 2)],
-///     theta: FlatBuffer::F32(vec![0.1, -3.0]),
-///     momentum: Some(FlatBuffer::F32(vec![1e-7, 2.5])),
+///     fragments: vec![
+///         FragmentState {
+///             entries: vec![(0, 2)],
+///             theta: FlatBuffer::F32(vec![0.1, -3.0]),
+///             momentum: Some(FlatBuffer::F32(vec![1e-7, 2.5])),
+///         },
+///         FragmentState {
+///             entries: vec![(1, 1)],
+///             theta: FlatBuffer::F32(vec![4.0]),
+///             momentum: None,
+///         },
+///     ],
+///     pending: Some(PendingDelta { fragment: 1, delta: FlatBuffer::F32(vec![0.25]) }),
 /// };
 /// assert_eq!(OuterState::from_bytes(&state.to_bytes())?, state);
 /// # Ok::<(), localsgd_averagers::AveragerError>(())
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct OuterState {
-    /// Outer steps taken.
+    /// Outer steps taken (over all fragments).
     pub outer_steps: u64,
-    /// (traversal index, element count) of every parameter in `θ`, in traversal order.
-    pub entries: Vec<(usize, usize)>,
-    /// `θ`, flat in traversal order.
-    pub theta: FlatBuffer,
-    /// The outer momentum buffer (`None`: torch's "no buffer yet", or momentum 0).
-    pub momentum: Option<FlatBuffer>,
+    /// Per fragment, in fragment order.
+    pub fragments: Vec<FragmentState>,
+    /// A pseudo-gradient averaged and not yet applied.
+    pub pending: Option<PendingDelta>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct FragmentHeader {
+    entries: Vec<(usize, usize)>,
+    len: usize,
+    momentum: bool,
 }
 
 #[derive(Serialize, Deserialize)]
 struct Header {
     outer_steps: u64,
-    entries: Vec<(usize, usize)>,
     dtype: String,
-    len: usize,
-    momentum: bool,
+    fragments: Vec<FragmentHeader>,
+    /// (fragment, element count) of the pending pseudo-gradient.
+    pending: Option<(usize, usize)>,
 }
 
 impl OuterState {
-    /// Check that the buffers agree with the entries and with each other.
+    /// Check that the buffers agree with the entries, with each other and in element type.
     pub fn check(&self) -> Result<(), AveragerError> {
-        let total: usize = self.entries.iter().map(|e| e.1).sum();
-        if total != self.theta.len() {
-            return Err(AveragerError::Outer(format!(
-                "the saved θ has {} elements but its parameters have {total}",
-                self.theta.len()
-            )));
+        let Some(first) = self.fragments.first() else {
+            return Err(AveragerError::Outer(
+                "the saved outer state has no fragment".into(),
+            ));
+        };
+        let ty = dtype(&first.theta);
+        for (f, frag) in self.fragments.iter().enumerate() {
+            let total: usize = frag.entries.iter().map(|e| e.1).sum();
+            if total != frag.theta.len() || dtype(&frag.theta) != ty {
+                return Err(AveragerError::Outer(format!(
+                    "the saved θ of fragment {f} has {} {} elements but its parameters have \
+                     {total} (expected {ty})",
+                    frag.theta.len(),
+                    dtype(&frag.theta)
+                )));
+            }
+            if let Some(m) = &frag.momentum
+                && (m.len() != frag.theta.len() || dtype(m) != ty)
+            {
+                return Err(AveragerError::Outer(format!(
+                    "the saved outer momentum of fragment {f} ({} {} elements) does not match \
+                     its θ ({} {ty} elements)",
+                    m.len(),
+                    dtype(m),
+                    frag.theta.len(),
+                )));
+            }
         }
-        if let Some(m) = &self.momentum
-            && (m.len() != self.theta.len() || dtype(m) != dtype(&self.theta))
-        {
-            return Err(AveragerError::Outer(format!(
-                "the saved outer momentum ({} {} elements) does not match θ ({} {} elements)",
-                m.len(),
-                dtype(m),
-                self.theta.len(),
-                dtype(&self.theta)
-            )));
+        if let Some(p) = &self.pending {
+            let expected = self.fragments.get(p.fragment).map(|f| f.theta.len());
+            if expected != Some(p.delta.len()) || dtype(&p.delta) != ty {
+                return Err(AveragerError::Outer(format!(
+                    "the saved pending pseudo-gradient ({} {} elements for fragment {}) does not \
+                     match that fragment of {} fragments",
+                    p.delta.len(),
+                    dtype(&p.delta),
+                    p.fragment,
+                    self.fragments.len()
+                )));
+            }
         }
         Ok(())
     }
 
-    /// Encode: a magic, a JSON header, then `θ` and the momentum as little-endian bytes.
+    /// Encode: a magic, a JSON header, then per fragment `θ` (and the momentum), then the
+    /// pending pseudo-gradient, as little-endian bytes.
     pub fn to_bytes(&self) -> Vec<u8> {
         let header = Header {
             outer_steps: self.outer_steps,
-            entries: self.entries.clone(),
-            dtype: dtype(&self.theta).to_string(),
-            len: self.theta.len(),
-            momentum: self.momentum.is_some(),
+            dtype: self
+                .fragments
+                .first()
+                .map_or("f32", |f| dtype(&f.theta))
+                .to_string(),
+            fragments: self
+                .fragments
+                .iter()
+                .map(|f| FragmentHeader {
+                    entries: f.entries.clone(),
+                    len: f.theta.len(),
+                    momentum: f.momentum.is_some(),
+                })
+                .collect(),
+            pending: self.pending.as_ref().map(|p| (p.fragment, p.delta.len())),
         };
         // A struct of integers, strings and bools always serializes.
         let header = serde_json::to_vec(&header).unwrap_or_default();
-        let mut out = Vec::with_capacity(16 + header.len() + 16 * self.theta.len());
+        let mut out = Vec::with_capacity(16 + header.len());
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&(header.len() as u64).to_le_bytes());
         out.extend_from_slice(&header);
-        push(&mut out, &self.theta);
-        if let Some(m) = &self.momentum {
-            push(&mut out, m);
+        for f in &self.fragments {
+            push(&mut out, &f.theta);
+            if let Some(m) = &f.momentum {
+                push(&mut out, m);
+            }
+        }
+        if let Some(p) = &self.pending {
+            push(&mut out, &p.delta);
         }
         out
     }
@@ -101,7 +181,7 @@ impl OuterState {
         }
         let mut len = [0u8; 8];
         len.copy_from_slice(&bytes[8..16]);
-        let hlen = u64::from_le_bytes(len) as usize;
+        let hlen = usize::try_from(u64::from_le_bytes(len)).unwrap_or(usize::MAX);
         let rest = &bytes[16..];
         if rest.len() < hlen {
             return Err(bad("truncated header"));
@@ -113,21 +193,40 @@ impl OuterState {
             "f64" => 8,
             other => return Err(bad(&format!("unknown element type {other}"))),
         };
-        let data = &rest[hlen..];
-        let vectors = 1 + header.momentum as usize;
-        if data.len() != vectors * header.len * width {
-            return Err(bad(&format!(
-                "{} bytes of data, expected {}",
-                data.len(),
-                vectors * header.len * width
-            )));
+        let mut data = &rest[hlen..];
+        let mut take = |elements: usize| -> Result<FlatBuffer, AveragerError> {
+            let n = elements
+                .checked_mul(width)
+                .filter(|&n| n <= data.len())
+                .ok_or_else(|| bad("truncated data"))?;
+            let (head, tail) = data.split_at(n);
+            data = tail;
+            Ok(pull(&header.dtype, head))
+        };
+        let mut fragments = Vec::with_capacity(header.fragments.len().min(1 << 16));
+        for f in &header.fragments {
+            let theta = take(f.len)?;
+            let momentum = if f.momentum { Some(take(f.len)?) } else { None };
+            fragments.push(FragmentState {
+                entries: f.entries.clone(),
+                theta,
+                momentum,
+            });
         }
-        let (theta, momentum) = data.split_at(header.len * width);
+        let pending = match header.pending {
+            Some((fragment, n)) => Some(PendingDelta {
+                fragment,
+                delta: take(n)?,
+            }),
+            None => None,
+        };
+        if !data.is_empty() {
+            return Err(bad(&format!("{} bytes of data left over", data.len())));
+        }
         let state = Self {
             outer_steps: header.outer_steps,
-            entries: header.entries,
-            theta: pull(&header.dtype, theta),
-            momentum: header.momentum.then(|| pull(&header.dtype, momentum)),
+            fragments,
+            pending,
         };
         state.check()?;
         Ok(state)

@@ -586,9 +586,10 @@ impl<M: Module> Pipeline<M> {
                     if due {
                         // A pending overlapped average is completed (not applied) and saved.
                         let pending_average = self.pending_average()?;
+                        let outer = self.outer_state()?;
                         let ctx = CheckpointContext {
                             pending_average,
-                            outer: self.outer_state(),
+                            outer,
                             iterations_done: self.iteration + 1,
                             skipped_steps: self.skipped_steps,
                             model: &m,
@@ -640,11 +641,13 @@ impl<M: Module> Pipeline<M> {
     }
 
     /// The outer averager's state to checkpoint (`None` without one, or before `θ` was taken).
-    pub fn outer_state(&self) -> Option<OuterState> {
-        self.averager
-            .as_ref()
-            .and_then(|a| a.outer())
-            .and_then(|o| o.global_state())
+    /// A Streaming DiLoCo pseudo-gradient still on its way is waited for (every rank calls this
+    /// at the same iteration) and included, not applied.
+    pub fn outer_state(&mut self) -> Result<Option<OuterState>, PipelineError> {
+        match self.averager.as_mut().and_then(|a| a.outer_mut()) {
+            Some(outer) => Ok(outer.global_state()?),
+            None => Ok(None),
+        }
     }
 
     /// End training: apply an overlapped average still in flight (every rank, at the same
