@@ -321,3 +321,27 @@ fn invalid_streaming_settings_are_refused_with_torchfts_messages() {
         .expect_err("3 fragments of 2 tensors");
     assert!(e.contains("at most 2 fragments"), "{e}");
 }
+
+/// E9 (boundary case): with α = 1 every replica keeps its own fragment values through the
+/// outer step, while θ_f still moves (and is never adopted): the run equals plain local SGD
+/// and θ equals the α = 0 run's.
+#[test]
+fn e9_alpha_one_keeps_the_local_values_and_theta_still_moves() {
+    let kept = run(streaming(0, 1.0), 12, None);
+    // Local SGD alone from w0 = 1: a → r, b → 2r with lr 0.1 for 12 steps on every replica.
+    for e in &kept {
+        for (r, got) in e.replicas.iter().enumerate() {
+            let local = |target: f64| target + (1.0 - target) * 0.9f64.powi(e.step as i32);
+            let want = [local(r as f64), local(2.0 * r as f64)];
+            assert!(
+                close(got[0], want[0]) && close(got[1], want[1]),
+                "step {} replica {r}: {got:?} vs local SGD {want:?}",
+                e.step
+            );
+        }
+    }
+    // θ_a's first outer step sees the same pseudo-gradient as with α = 0 (V8's first event).
+    let adopted = expected("tau0_alpha0.0");
+    assert!(close(kept[0].theta, adopted[0].theta), "{:?}", kept[0]);
+    assert!(kept.iter().all(|e| e.theta != 1.0), "θ moves");
+}
