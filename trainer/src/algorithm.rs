@@ -201,7 +201,7 @@ pub fn build(spec: &AlgorithmSpec, world: &Group) -> Result<AlgorithmParts, Pipe
                 world.clone(),
             )?)),
         },
-        AlgorithmKind::Diloco | AlgorithmKind::Slowmo => {
+        AlgorithmKind::Diloco | AlgorithmKind::StreamingDiloco | AlgorithmKind::Slowmo => {
             let outer = spec.outer.ok_or_else(|| {
                 PipelineError::Config(format!(
                     "algorithm `{}` needs its outer optimizer settings",

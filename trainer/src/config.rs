@@ -60,6 +60,11 @@ pub enum AlgorithmKind {
     /// the replicas' mean displacement as gradient; with `levels`, the lower levels average
     /// plainly and the outer step runs at the whole-world level.
     Diloco,
+    /// Streaming DiLoCo (torchft's `DiLoCo` with fragments): like `diloco`, but the parameters
+    /// sync in `fragments` fragments (default 2) taking turns every `period / fragments` local
+    /// steps, each fragment's all-reduce started `fragment-sync-delay` steps early and its
+    /// local values mixed back in with `fragment-alpha`.
+    StreamingDiloco,
     /// SlowMo (fairscale's arithmetic): like `diloco`, with the slow-momentum step
     /// `u = βu + Δ/γ; θ = θ − αγu` (γ the step's inner learning rate; defaults α 1, β 0.5).
     Slowmo,
@@ -74,13 +79,18 @@ impl AlgorithmKind {
             AlgorithmKind::PostLocalSgd => "post-local-sgd",
             AlgorithmKind::Hierarchical => "hierarchical",
             AlgorithmKind::Diloco => "diloco",
+            AlgorithmKind::StreamingDiloco => "streaming-diloco",
             AlgorithmKind::Slowmo => "slowmo",
         }
     }
 
-    /// Whether this algorithm takes outer-optimizer steps (`diloco`, `slowmo`).
+    /// Whether this algorithm takes outer-optimizer steps (`diloco`, `streaming-diloco`,
+    /// `slowmo`).
     pub fn is_outer(self) -> bool {
-        matches!(self, AlgorithmKind::Diloco | AlgorithmKind::Slowmo)
+        matches!(
+            self,
+            AlgorithmKind::Diloco | AlgorithmKind::StreamingDiloco | AlgorithmKind::Slowmo
+        )
     }
 }
 
@@ -629,26 +639,41 @@ impl TrainConfig {
         optimizer: &OuterOptimizer,
         reduce: PseudoGradient,
     ) -> Result<Option<StreamingConfig>, ConfigError> {
-        let (Some(f), tau, alpha) = (
-            self.fragments.or((self.fragment_sync_delay.is_some()
-                || self.fragment_alpha.is_some())
-            .then_some(1)),
+        let (tau, alpha) = (
             self.fragment_sync_delay.unwrap_or(0),
             self.fragment_alpha.unwrap_or(0.0),
-        ) else {
-            return Ok(None);
-        };
-        let (setting, value) = match (self.fragments, self.fragment_sync_delay) {
-            (Some(f), _) => ("fragments", f.to_string()),
-            (None, Some(d)) => ("fragment-sync-delay", d.to_string()),
-            (None, None) => ("fragment-alpha", alpha.to_string()),
-        };
+        );
+        if self.algorithm != AlgorithmKind::StreamingDiloco {
+            let given = match (
+                self.fragments,
+                self.fragment_sync_delay,
+                self.fragment_alpha,
+            ) {
+                (Some(f), _, _) => Some(("fragments", f.to_string())),
+                (None, Some(d), _) => Some(("fragment-sync-delay", d.to_string())),
+                (None, None, Some(a)) => Some(("fragment-alpha", a.to_string())),
+                (None, None, None) => None,
+            };
+            return match given {
+                Some((setting, value)) => Err(bad(
+                    setting,
+                    value,
+                    format!(
+                        "unset: fragments, delays and mixing are Streaming DiLoCo's (`algorithm = \
+                         \"streaming-diloco\"`); `{}` syncs all parameters at once",
+                        self.algorithm.name()
+                    ),
+                )),
+                None => Ok(None),
+            };
+        }
+        let f = self.fragments.unwrap_or(2);
+        let (setting, value) = ("algorithm", self.algorithm.name().to_string());
         if matches!(optimizer, OuterOptimizer::SlowMo { .. }) {
             return Err(bad(
                 setting,
                 value,
-                "unset: fragments, delays and mixing are Streaming DiLoCo's (`diloco`); SlowMo \
-                 syncs all parameters at once",
+                "an outer SGD (Streaming DiLoCo's optimizer)",
             ));
         }
         if reduce == PseudoGradient::DeltaOfMean {

@@ -25,7 +25,7 @@ struct Cli {
 enum Command {
     /// Train the MLP (defaults: 2 thread workers, post-local SGD, bundled digits data).
     Train(ConfigFlags),
-    /// Run ddp, post-local-sgd, hierarchical, diloco and slowmo on the same data and seed; print one table.
+    /// Run ddp, post-local-sgd, hierarchical, diloco, streaming-diloco and slowmo on the same data and seed; print one table.
     Compare(ConfigFlags),
     /// Measure all-reduce throughput against this machine's memcpy bandwidth.
     BenchComm(bench_comm::BenchCommFlags),
@@ -250,6 +250,7 @@ fn compare(flags: &ConfigFlags) -> Result<()> {
         AlgorithmKind::PostLocalSgd,
         AlgorithmKind::Hierarchical,
         AlgorithmKind::Diloco,
+        AlgorithmKind::StreamingDiloco,
         AlgorithmKind::Slowmo,
     ] {
         let mut cfg = base.clone();
@@ -257,7 +258,7 @@ fn compare(flags: &ConfigFlags) -> Result<()> {
         cfg.progress = false;
         cfg.resume = false;
         if algorithm.is_outer() {
-            // DiLoCo and SlowMo on the same period as post-local SGD (no levels).
+            // The outer algorithms on the same period as post-local SGD (no levels).
             cfg.levels.clear();
         } else {
             // Outer settings given for the outer algorithms do not apply to the others.
@@ -266,6 +267,9 @@ fn compare(flags: &ConfigFlags) -> Result<()> {
             cfg.outer_nesterov = None;
             cfg.outer_reduce = None;
             cfg.outer_compression = None;
+        }
+        if algorithm != AlgorithmKind::StreamingDiloco {
+            // Fragment settings are Streaming DiLoCo's alone.
             cfg.fragments = None;
             cfg.fragment_sync_delay = None;
             cfg.fragment_alpha = None;

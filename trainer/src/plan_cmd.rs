@@ -140,6 +140,11 @@ fn algorithm(name: &str, flags: &PlanFlags, layout: Layout) -> Result<Algorithm>
             };
             Algorithm::Hierarchical { levels }
         }
+        "streaming-diloco" => bail!(
+            "--algorithms streaming-diloco: the cost model does not know the fragments yet \
+             (their sizes follow the model's tensors); plan `diloco` for the traffic of the whole \
+             model every period"
+        ),
         "diloco" | "slowmo" => Algorithm::Outer {
             period: flags.period,
             slowmo: name == "slowmo",

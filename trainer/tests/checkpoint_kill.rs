@@ -37,8 +37,11 @@ fn identity(extra: &[&str]) -> RunIdentity {
         let v = pair[1];
         match pair[0] {
             "--algorithm" => {
-                assert_eq!(v, "diloco", "identity: only diloco is mapped");
-                cfg.algorithm = AlgorithmKind::Diloco;
+                assert_eq!(
+                    v, "streaming-diloco",
+                    "identity: only streaming-diloco is mapped"
+                );
+                cfg.algorithm = AlgorithmKind::StreamingDiloco;
             }
             "--warmup" => cfg.warmup = v.parse().unwrap(),
             "--period" => cfg.period = v.parse().unwrap(),
@@ -136,7 +139,7 @@ fn kill_during_checkpoint_write_leaves_the_previous_checkpoint_intact() {
 fn streaming_diloco_killed_and_resumed_equals_an_uninterrupted_run() {
     const STREAMING: [&str; 12] = [
         "--algorithm",
-        "diloco",
+        "streaming-diloco",
         "--warmup",
         "3",
         "--period",

@@ -200,21 +200,19 @@ fn bad_input_is_rejected_before_anything_is_written() {
         &run,
     );
     assert_rejected(
-        &base(&["--algorithm", "diloco", "--fragments", "3"]),
+        &base(&["--algorithm", "streaming-diloco", "--fragments", "3"]),
         "`fragments` = 3: outer averaging: sync_every must divide the number of fragments",
         &run,
     );
     assert_rejected(
-        &base(&["--algorithm", "diloco", "--fragments", "5"]),
+        &base(&["--algorithm", "streaming-diloco", "--fragments", "5"]),
         "Only 1 fragment can be syncrhonized at a time",
         &run,
     );
     assert_rejected(
         &base(&[
             "--algorithm",
-            "diloco",
-            "--fragments",
-            "2",
+            "streaming-diloco",
             "--fragment-sync-delay",
             "2",
         ]),
@@ -222,7 +220,7 @@ fn bad_input_is_rejected_before_anything_is_written() {
         &run,
     );
     assert_rejected(
-        &base(&["--algorithm", "diloco", "--fragment-alpha", "1.5"]),
+        &base(&["--algorithm", "streaming-diloco", "--fragment-alpha", "1.5"]),
         "`fragment-alpha` = 1.5",
         &run,
     );
@@ -232,14 +230,12 @@ fn bad_input_is_rejected_before_anything_is_written() {
         &run,
     );
     assert_rejected(
-        &base(&[
-            "--algorithm",
-            "diloco",
-            "--fragments",
-            "2",
-            "--levels",
-            "4:2",
-        ]),
+        &base(&["--algorithm", "diloco", "--fragment-alpha", "0.5"]),
+        "`diloco` syncs all parameters at once",
+        &run,
+    );
+    assert_rejected(
+        &base(&["--algorithm", "streaming-diloco", "--levels", "4:2"]),
         "unset with `levels`",
         &run,
     );

@@ -156,6 +156,7 @@ fn slowmo_with_a_schedule_and_levels_resumes_bit_identically() {
 }
 
 fn streaming(c: &mut TrainConfig) {
+    c.algorithm = AlgorithmKind::StreamingDiloco;
     c.levels.clear();
     c.warmup = 2;
     c.period = 4;
@@ -171,10 +172,19 @@ fn streaming(c: &mut TrainConfig) {
 /// uninterrupted one bit for bit.
 #[test]
 fn streaming_diloco_resumes_bit_identically_with_a_pseudo_gradient_in_flight() {
-    check_resume_with(AlgorithmKind::Diloco, OptimizerKind::Sgd, 0, streaming);
+    check_resume_with(
+        AlgorithmKind::StreamingDiloco,
+        OptimizerKind::Sgd,
+        0,
+        streaming,
+    );
 
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = config(dir.path(), AlgorithmKind::Diloco, OptimizerKind::Sgd);
+    let mut cfg = config(
+        dir.path(),
+        AlgorithmKind::StreamingDiloco,
+        OptimizerKind::Sgd,
+    );
     streaming(&mut cfg);
     cfg.steps = Some(7);
     let data = load_data(&cfg).unwrap();
