@@ -36,7 +36,7 @@ pub struct ConfigFlags {
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Number of workers (ranks).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub workers: Option<usize>,
     /// Process-group backend.
     #[arg(long, value_enum)]
@@ -51,13 +51,13 @@ pub struct ConfigFlags {
     #[arg(long, allow_negative_numbers = true)]
     pub warmup: Option<i64>,
     /// The warmup in epochs instead (replaces `warmup`).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub warmup_epochs: Option<u64>,
     /// Model averaging period.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub period: Option<u64>,
     /// Overlapped averaging: apply each average this many iterations after it starts (0: blocking).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub overlap: Option<u64>,
     /// Hierarchical levels, e.g. "2:2,4:4" (period:group-size).
     #[arg(long)]
@@ -79,16 +79,16 @@ pub struct ConfigFlags {
     #[arg(long, value_enum)]
     pub outer_compression: Option<Compression>,
     /// diloco: Streaming DiLoCo's fragments (default 1: plain DiLoCo).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub fragments: Option<usize>,
     /// diloco: Streaming DiLoCo's fragment sync delay (default 0; below period / fragments).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub fragment_sync_delay: Option<u64>,
     /// diloco: Streaming DiLoCo's mixing factor alpha in [0, 1] (default 0).
     #[arg(long, allow_negative_numbers = true)]
     pub fragment_alpha: Option<f64>,
     /// Post-warmup gradient all-reduce subgroup size (default: ranks on the same host).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub subgroup_size: Option<usize>,
     /// Keep all-reducing gradients in the subgroup after warmup (true/false).
     #[arg(long)]
@@ -105,10 +105,10 @@ pub struct ConfigFlags {
     #[arg(long, value_enum)]
     pub pipeline_buckets: Option<PipelineBuckets>,
     /// Gradient bucket cap in MiB.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub bucket_cap_mb: Option<f64>,
     /// First gradient bucket cap in MiB.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub first_bucket_mb: Option<f64>,
     /// Gradient compression.
     #[arg(long, value_enum)]
@@ -117,10 +117,10 @@ pub struct ConfigFlags {
     #[arg(long, value_enum)]
     pub model: Option<ModelKind>,
     /// Hidden layer widths, comma-separated (e.g. 128,64; "" for none: a linear classifier).
-    #[arg(long, value_parser = parse_widths, value_name = "W1,W2,...")]
+    #[arg(long, value_parser = parse_widths, value_name = "W1,W2,...", allow_hyphen_values = true)]
     pub hidden: Option<Widths>,
     /// The CNN's conv-block channels, comma-separated (e.g. 8,16).
-    #[arg(long, value_parser = parse_widths, value_name = "C1,C2,...")]
+    #[arg(long, value_parser = parse_widths, value_name = "C1,C2,...", allow_hyphen_values = true)]
     pub channels: Option<Widths>,
     /// Data set.
     #[arg(long, value_enum)]
@@ -129,25 +129,25 @@ pub struct ConfigFlags {
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
     /// Number of synthetic samples.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub synthetic_samples: Option<usize>,
     /// Synthetic feature dimension.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub synthetic_dim: Option<usize>,
     /// Synthetic number of classes.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub synthetic_classes: Option<usize>,
     /// Batch size per worker.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub batch_size: Option<usize>,
     /// Micro-batches per optimizer step (gradient accumulation).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub accumulate: Option<usize>,
     /// Shuffle every epoch (true/false).
     #[arg(long)]
     pub shuffle: Option<bool>,
     /// Seed.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub seed: Option<u64>,
     /// Optimizer.
     #[arg(long, value_enum)]
@@ -159,43 +159,43 @@ pub struct ConfigFlags {
     #[arg(long, allow_negative_numbers = true)]
     pub momentum: Option<f64>,
     /// Weight decay (unset: the optimizer's PyTorch default).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub weight_decay: Option<f64>,
     /// Clip the gradients' global L2 norm (0: off).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub clip_grad_norm: Option<f64>,
     /// Learning-rate schedule.
     #[arg(long, value_enum)]
     pub lr_schedule: Option<LrScheduleKind>,
     /// Step schedule: iterations between decays.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub lr_step_size: Option<u64>,
     /// Step schedule: decay factor.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub lr_gamma: Option<f64>,
     /// Cosine schedule: final learning rate.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub lr_min: Option<f64>,
     /// Linear warmup: iterations.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub lr_warmup_steps: Option<u64>,
     /// Linear warmup: first iteration's factor.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub lr_warmup_start_factor: Option<f64>,
     /// Epochs.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub epochs: Option<u64>,
     /// Iterations (overrides epochs).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub steps: Option<u64>,
     /// Checkpoint every N iterations (0: only at the end).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub checkpoint_every: Option<u64>,
     /// All-reduce and log the loss every N iterations.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub log_every: Option<u64>,
     /// Evaluate rank 0's model on the test set every N iterations into eval.csv (0: never).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub eval_every: Option<u64>,
     /// Run directory.
     #[arg(long)]
@@ -207,7 +207,7 @@ pub struct ConfigFlags {
     #[arg(long)]
     pub init_weights: Option<PathBuf>,
     /// Collective timeout in seconds.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub timeout_secs: Option<u64>,
     /// Skip optimizer steps with non-finite gradients (true/false).
     #[arg(long)]

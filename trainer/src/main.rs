@@ -51,9 +51,27 @@ fn main() {
         .with_target(false)
         .init();
     if let Err(e) = run_cli() {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", describe(&e));
         std::process::exit(2);
     }
+}
+
+/// An error and its causes on one line, each cause once: our error messages already quote
+/// their sources (`init-weights: FILE: invalid safetensors data: header too large`), so a
+/// cause whose text the line already holds is not repeated.
+pub(crate) fn describe(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
 }
 
 fn run_cli() -> Result<()> {
@@ -125,9 +143,9 @@ fn train(flags: &ConfigFlags) -> Result<()> {
         return process_train::train(flags, cfg);
     }
     let data = run::load_data(&cfg).context("loading the data set")?;
-    // A model the data cannot feed (a CNN on non-square inputs) is refused before the run
-    // directory is touched.
-    run::model_config(&cfg, &data.train)?;
+    // A model the data cannot feed (a CNN on non-square inputs), or an `init-weights` file
+    // that does not fit it, is refused before the run directory is touched.
+    run::preflight(&cfg, &data.train)?;
     let dir = prepare_run_dir(&cfg)?;
     let started = Instant::now();
     let results = run::train_threads(&cfg, &data, Some(&dir), progress_bar(&cfg))?;

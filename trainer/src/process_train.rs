@@ -36,7 +36,7 @@ pub(crate) fn train(flags: &ConfigFlags, cfg: TrainConfig) -> Result<()> {
         Ok(cfg) => cfg,
         Err(e) => {
             if rank == 0 {
-                say(&format!("error: {e:#}"));
+                say(&format!("error: {}", crate::describe(&e)));
             }
             world.finish();
             std::process::exit(FAILURE_EXIT_CODE);
@@ -56,8 +56,9 @@ pub(crate) fn train(flags: &ConfigFlags, cfg: TrainConfig) -> Result<()> {
         }
         Err(e) => {
             say(&format!(
-                "error on rank {rank} of {size} ({}): {e:#}",
-                world.whereabouts()
+                "error on rank {rank} of {size} ({}): {}",
+                world.whereabouts(),
+                crate::describe(&e)
             ));
             world.abort(FAILURE_EXIT_CODE)
         }
@@ -141,7 +142,7 @@ fn train_rank(cfg: &TrainConfig, world: &ProcessWorld) -> Result<()> {
         );
     }
     let data = run::load_data(cfg).context("loading the data set")?;
-    run::model_config(cfg, &data.train)?;
+    run::preflight(cfg, &data.train)?;
     // Rank 0 owns the run directory; the others wait until it exists (they write checkpoint
     // files into it).
     let dir = if rank == 0 {

@@ -184,6 +184,18 @@ pub fn load_data(cfg: &TrainConfig) -> Result<TrainTest, DataError> {
     }
 }
 
+/// Everything about the model a run can refuse before its directory is written: the model the
+/// data can feed ([`model_config`]) and, with `init-weights`, the file (read once here on the
+/// CPU and checked against that model: names, shapes, element types). The binary calls it
+/// before it creates the run directory.
+pub fn preflight(cfg: &TrainConfig, train: &Dataset) -> Result<ModelSpec, RunError> {
+    let spec = model_config(cfg, train)?;
+    if let Some(path) = &cfg.init_weights {
+        load_pytorch_safetensors(path, &spec, &Device::flex())?;
+    }
+    Ok(spec)
+}
+
 /// The model shape for a data set: the configured `model` over the data's features and
 /// classes.
 pub fn model_config(cfg: &TrainConfig, train: &Dataset) -> Result<ModelSpec, ModelError> {

@@ -260,6 +260,33 @@ fn bad_input_is_rejected_before_anything_is_written() {
         &run,
     );
 
+    // Negative numbers reach the setting's own validation (or clap's, naming the flag).
+    assert_rejected(
+        &base(&["--bucket-cap-mb", "-1"]),
+        "invalid setting `bucket-cap-mb` = -1: a positive number of MiB",
+        &run,
+    );
+    assert_rejected(
+        &base(&["--workers", "-1"]),
+        "invalid value '-1' for '--workers <WORKERS>'",
+        &run,
+    );
+    // A cause is printed once, not once per level of the error chain.
+    let passwd = dir.path().join("not-safetensors");
+    std::fs::write(&passwd, "root:x:0:0:root:/root:/bin/bash\n").unwrap();
+    let out = localsgd(&with(r, &["--init-weights", passwd.to_str().unwrap()]));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert_eq!(
+        stderr.matches("invalid safetensors data").count(),
+        1,
+        "{stderr}"
+    );
+    assert!(
+        !run.exists(),
+        "a bad init-weights file wrote the run directory"
+    );
+
     let cfg = dir.path().join("bad.toml");
     let c = cfg.to_str().unwrap();
     std::fs::write(&cfg, "perod = 4\n").unwrap();
