@@ -189,3 +189,18 @@ fn traffic_counts_collectives_and_bytes_including_subgroups() {
         assert_eq!(world.bytes, 480 + 8 + 400);
     }
 }
+
+/// More workers than the machine has threads for is an error naming the limit, not an abort
+/// inside the allocator when the threads start.
+#[test]
+fn a_thread_world_larger_than_the_machine_allows_is_refused() {
+    let max = ThreadWorld::max_workers();
+    assert!(max >= 1);
+    let Err(err) = ThreadWorld::new(max + 1) else {
+        panic!("{} workers were accepted", max + 1);
+    };
+    assert!(
+        err.to_string().contains(&format!("allows about {max}")),
+        "{err}"
+    );
+}

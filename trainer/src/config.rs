@@ -712,6 +712,20 @@ impl TrainConfig {
         if self.workers == 0 {
             return Err(bad("workers", 0, "at least 1 worker"));
         }
+        if self.backend == Backend::Threads {
+            let max = localsgd_comm::ThreadWorld::max_workers();
+            if self.workers > max {
+                return Err(bad(
+                    "workers",
+                    self.workers,
+                    format!(
+                        "at most {max} with the thread backend on this machine (one thread per \
+                         worker; vm.max_map_count / 8 and kernel.threads-max / 2 bound them), or \
+                         `backend = \"mpi\"` with one process per rank"
+                    ),
+                ));
+            }
+        }
         if self.device == DeviceKind::Cuda && !cfg!(feature = "cuda") {
             return Err(bad(
                 "device",

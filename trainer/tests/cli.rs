@@ -93,6 +93,12 @@ fn bad_input_is_rejected_before_anything_is_written() {
         &run,
     );
     assert_rejected(&base(&["--workers", "0"]), "`workers` = 0", &run);
+    // Far more threads than the machine allows: refused, not an allocator abort.
+    assert_rejected(
+        &base(&["--workers", "100000000"]),
+        "invalid setting `workers` = 100000000: at most",
+        &run,
+    );
     assert_rejected(
         &base(&["--algorithm", "hierarchical", "--levels", "2:3,4:2"]),
         "does not fit 2 workers",

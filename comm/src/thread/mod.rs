@@ -48,17 +48,47 @@ pub struct WorkerPanicked {
 
 impl ThreadWorld {
     /// A world of `size` workers on one host, with the [default timeout](DEFAULT_TIMEOUT).
+    /// Fails for 0 workers and for more than [`max_workers`](Self::max_workers).
     pub fn new(size: usize) -> Result<Self, CommError> {
         if size == 0 {
             return Err(CommError::InvalidConfig(
                 "a thread world needs at least 1 worker (got 0)".into(),
             ));
         }
+        let max = Self::max_workers();
+        if size > max {
+            return Err(CommError::InvalidConfig(format!(
+                "a thread world of {size} workers needs a thread each, and this machine allows \
+                 about {max} (vm.max_map_count / 8, kernel.threads-max / 2): use at most {max} \
+                 workers, or one process per rank (MPI)"
+            )));
+        }
         Ok(Self {
             size,
             timeout: DEFAULT_TIMEOUT,
             hosts: vec![0; size],
         })
+    }
+
+    /// The most workers a thread world runs on this machine. Each is a thread, and a thread
+    /// takes a slot of the kernel's `threads-max` and a few memory mappings (its stack, guard
+    /// pages, a signal stack) out of `vm.max_map_count`; past that, thread creation fails
+    /// inside the allocator and the process aborts. On Linux: the smaller of
+    /// `max_map_count / 8` and `threads-max / 2`, read from `/proc`; elsewhere 4096.
+    pub fn max_workers() -> usize {
+        let read = |path: &str| {
+            std::fs::read_to_string(path)
+                .ok()
+                .and_then(|s| s.trim().parse::<usize>().ok())
+        };
+        let maps = read("/proc/sys/vm/max_map_count").map(|m| m / 8);
+        let threads = read("/proc/sys/kernel/threads-max").map(|t| t / 2);
+        [maps, threads]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(4096)
+            .max(1)
     }
 
     /// Number of workers.
