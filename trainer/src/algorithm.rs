@@ -210,10 +210,13 @@ pub fn build(spec: &AlgorithmSpec, world: &Group) -> Result<AlgorithmParts, Pipe
             })?;
             // Without levels: sync after every `period` local steps (the spec's cadence).
             // With levels: the lower levels average plainly, the whole-world level steps.
-            let averager = if let (Some(streaming), OuterOptimizer::Sgd(sgd)) =
-                (outer.streaming, outer.optimizer)
-            {
+            let averager = if let Some(streaming) = outer.streaming {
                 // Streaming DiLoCo: `period` is its sync_every.
+                let OuterOptimizer::Sgd(sgd) = outer.optimizer else {
+                    return Err(PipelineError::Config(
+                        "Streaming DiLoCo takes an outer SGD, not SlowMo's slow step".into(),
+                    ));
+                };
                 OuterAverager::streaming(streaming, warmup_iters, sgd, world.clone())?
             } else if spec.levels.is_empty() {
                 OuterAverager::periodic(

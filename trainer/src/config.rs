@@ -623,7 +623,7 @@ impl TrainConfig {
                  parameters",
             ));
         }
-        let streaming = self.streaming_settings(&optimizer, reduce)?;
+        let streaming = self.streaming_settings(reduce)?;
         Ok(Some(OuterSettings {
             optimizer,
             reduce,
@@ -636,7 +636,6 @@ impl TrainConfig {
     /// each error named after its setting; `None` when none is given.
     fn streaming_settings(
         &self,
-        optimizer: &OuterOptimizer,
         reduce: PseudoGradient,
     ) -> Result<Option<StreamingConfig>, ConfigError> {
         let (tau, alpha) = (
@@ -668,28 +667,19 @@ impl TrainConfig {
             };
         }
         let f = self.fragments.unwrap_or(2);
-        let (setting, value) = ("algorithm", self.algorithm.name().to_string());
-        if matches!(optimizer, OuterOptimizer::SlowMo { .. }) {
-            return Err(bad(
-                setting,
-                value,
-                "an outer SGD (Streaming DiLoCo's optimizer)",
-            ));
-        }
         if reduce == PseudoGradient::DeltaOfMean {
             return Err(bad(
-                setting,
-                value,
-                "unset, or `outer-reduce = \"mean-of-deltas\"`: Streaming DiLoCo averages the \
-                 fragments' pseudo-gradients (torchft)",
+                "outer-reduce",
+                "delta-of-mean",
+                "`mean-of-deltas` (or unset) with `streaming-diloco`: Streaming DiLoCo averages \
+                 the fragments' pseudo-gradients (torchft)",
             ));
         }
         if !self.levels.trim().is_empty() {
             return Err(bad(
-                setting,
-                value,
-                "unset with `levels`: Streaming DiLoCo has its own schedule of fragments (drop \
-                 `levels` to stream)",
+                "levels",
+                format!("{:?}", self.levels),
+                "\"\" with `streaming-diloco`: Streaming DiLoCo has its own schedule of fragments",
             ));
         }
         let check = |setting: &'static str, value: String, config: StreamingConfig| {

@@ -420,7 +420,8 @@ impl Schedule {
                 overlapped: false,
             })
         };
-        let average = |out: &mut Vec<Collective>, group: usize, overlapped: bool| {
+        // `width`: bytes a parameter takes on the wire (4; 2 for compressed pseudo-gradients).
+        let average = |out: &mut Vec<Collective>, group: usize, overlapped: bool, width: u64| {
             // Averaging over one rank is the identity and communicates nothing.
             if group <= 1 {
                 return;
@@ -433,7 +434,7 @@ impl Schedule {
             });
             out.push(Collective {
                 group,
-                bytes: self.params.saturating_mul(4),
+                bytes: self.params.saturating_mul(width),
                 data: true,
                 overlapped,
             });
@@ -459,7 +460,7 @@ impl Schedule {
                             overlapped: false,
                         });
                     }
-                    average(&mut out, w, *overlap > 0);
+                    average(&mut out, w, *overlap > 0, 4);
                 }
             }
             Algorithm::Outer {
@@ -467,19 +468,8 @@ impl Schedule {
             } => {
                 if i < self.warmup {
                     gradients(&mut out);
-                } else if (i - self.warmup + 1).is_multiple_of(*period) && w > 1 {
-                    out.push(Collective {
-                        group: w,
-                        bytes: 32,
-                        data: false,
-                        overlapped: false,
-                    });
-                    out.push(Collective {
-                        group: w,
-                        bytes: self.params.saturating_mul(if *compressed { 2 } else { 4 }),
-                        data: true,
-                        overlapped: false,
-                    });
+                } else if (i - self.warmup + 1).is_multiple_of(*period) {
+                    average(&mut out, w, false, if *compressed { 2 } else { 4 });
                 }
             }
             Algorithm::Hierarchical { levels } => {
@@ -488,7 +478,7 @@ impl Schedule {
                 } else if let Some(&(_, g)) =
                     levels.iter().rev().find(|(p, _)| i.is_multiple_of(*p))
                 {
-                    average(&mut out, g, false);
+                    average(&mut out, g, false, 4);
                 }
             }
         }

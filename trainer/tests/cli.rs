@@ -242,7 +242,7 @@ fn bad_input_is_rejected_before_anything_is_written() {
     );
     assert_rejected(
         &base(&["--algorithm", "streaming-diloco", "--levels", "4:2"]),
-        "unset with `levels`",
+        "invalid setting `levels` = \"4:2\": \"\" with `streaming-diloco`",
         &run,
     );
     assert_rejected(

@@ -101,7 +101,7 @@ use localsgd_comm::{
 };
 use serde::{Deserialize, Serialize};
 use sgd::{Real, slow_step, type_name};
-use streaming::StreamingSchedule;
+use streaming::{Cadence, StreamingSchedule};
 
 /// How the pseudo-gradient is reduced over the group (spec §1.1). Equal in exact arithmetic,
 /// they round differently (bitwise equal on dyadic data, vector V9).
@@ -218,7 +218,7 @@ impl Transfer {
 /// Streaming DiLoCo's moving parts: the cadence, the non-blocking communicator (created at the
 /// first delayed prepare) and the fragment whose pseudo-gradient is on its way.
 struct Streaming {
-    cadence: StreamingSchedule,
+    cadence: Cadence,
     side: Option<AsyncGroup>,
     in_flight: Option<(usize, Transfer)>,
 }
@@ -331,9 +331,10 @@ impl OuterAverager {
         optimizer: OuterSgdConfig,
         world: Group,
     ) -> Result<Self, AveragerError> {
-        let cadence = StreamingSchedule::new(config, warmup, world.clone())?;
+        let cadence = Cadence::new(config, warmup)?;
+        let schedule = StreamingSchedule::new(cadence, world.clone());
         let mut averager =
-            Self::new(Box::new(cadence.clone()), optimizer.into(), world)?.with_local_start(warmup);
+            Self::new(Box::new(schedule), optimizer.into(), world)?.with_local_start(warmup);
         averager.streaming = Some(Streaming {
             cadence,
             side: None,

@@ -104,32 +104,25 @@ pub(crate) struct StreamingEvent {
     pub perform: Option<usize>,
 }
 
-/// The step counter of Streaming DiLoCo and its cadence: after a warm-up of `W` steps, local
-/// step `L = (step − W) mod P + 1` prepares fragment `f = ((step − W) / P) mod F` when
-/// `L = P − τ` and performs it when `L = P`. Every commit succeeds (a failed collective is an
-/// error, not a retry), so the committed outer-step count `M` is the number of performs so far.
-#[derive(Debug, Clone)]
-pub(crate) struct StreamingSchedule {
-    world: Group,
+/// Streaming DiLoCo's cadence: after a warm-up of `W` steps, local step
+/// `L = (step − W) mod P + 1` prepares fragment `f = ((step − W) / P) mod F` when `L = P − τ`
+/// and performs it when `L = P`. Every commit succeeds (a failed collective is an error, not a
+/// retry), so the committed outer-step count `M` is the number of performs so far, and the
+/// step alone says what happens.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Cadence {
     config: StreamingConfig,
     period: u64,
     warmup: u64,
-    step: u64,
 }
 
-impl StreamingSchedule {
-    pub(crate) fn new(
-        config: StreamingConfig,
-        warmup: u64,
-        world: Group,
-    ) -> Result<Self, AveragerError> {
+impl Cadence {
+    pub(crate) fn new(config: StreamingConfig, warmup: u64) -> Result<Self, AveragerError> {
         let period = config.validate()?;
         Ok(Self {
-            world,
             config,
             period,
             warmup,
-            step: 0,
         })
     }
 
@@ -149,13 +142,32 @@ impl StreamingSchedule {
             perform: (within == self.period).then_some(fragment),
         }
     }
+}
+
+/// Streaming DiLoCo's step counter on its [`Cadence`] (the schedule an
+/// [`OuterAverager`](super::OuterAverager) holds).
+#[derive(Debug, Clone)]
+pub(crate) struct StreamingSchedule {
+    world: Group,
+    cadence: Cadence,
+    step: u64,
+}
+
+impl StreamingSchedule {
+    pub(crate) fn new(cadence: Cadence, world: Group) -> Self {
+        Self {
+            world,
+            cadence,
+            step: 0,
+        }
+    }
 
     fn state_config(&self) -> AveragerConfig {
         AveragerConfig::Streaming {
-            sync_every: self.config.sync_every,
-            fragments: self.config.fragments,
-            delay: self.config.delay,
-            warmup_steps: self.warmup,
+            sync_every: self.cadence.config.sync_every,
+            fragments: self.cadence.config.fragments,
+            delay: self.cadence.config.delay,
+            warmup_steps: self.cadence.warmup,
         }
     }
 }
@@ -166,7 +178,7 @@ impl ModelAverager for StreamingSchedule {
     }
 
     fn scheduled_group(&self) -> Option<Group> {
-        let e = self.event(self.step);
+        let e = self.cadence.event(self.step);
         (e.prepare.is_some() || e.perform.is_some()).then(|| self.world.clone())
     }
 
