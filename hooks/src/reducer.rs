@@ -36,8 +36,12 @@ use std::sync::Arc;
 ///   the blocking way. The async group is created on the first pipelined iteration (a
 ///   collective over the hook's group, at the same iteration on every rank) and replaced when
 ///   the hook's group changes (post-local SGD's switch to its subgroup). A plan of one bucket
-///   (or a group of one rank) has nothing to overlap: its mean runs blocking, in place on the
-///   flat gradient (one copy fewer than the hook path).
+///   has nothing to overlap: its mean runs blocking, in place on the flat gradient (one copy
+///   fewer than the hook path).
+///
+/// A plain mean over a group of one rank is the identity: the gradients go to the optimizer
+/// untouched, with no copy and no collective (unless a trainable parameter has no gradient:
+/// then the flat path gives it zeros, as on more ranks).
 ///
 /// The ordering rule that keeps this race-free: the gradient-sync phase starts every bucket's
 /// collective, in bucket order, on every rank; the optimizer phase of the same iteration
@@ -78,6 +82,26 @@ impl ModuleVisitor for Trainable {
             self.wide |= value.dtype() == DType::F64;
         }
     }
+}
+
+/// Whether every trainable float parameter of a module has a gradient in `grads`.
+struct AllHaveGrads<'a> {
+    grads: &'a GradientsParams,
+    all: bool,
+}
+
+impl ModuleVisitor for AllHaveGrads<'_> {
+    fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
+        if self.all && p.val().is_require_grad() {
+            self.all = self.grads.get::<D>(p.id).is_some();
+        }
+    }
+}
+
+fn all_have_grads<M: Module>(module: &M, grads: &GradientsParams) -> bool {
+    let mut check = AllHaveGrads { grads, all: true };
+    module.visit(&mut check);
+    check.all
 }
 
 impl GradientReducer {
@@ -179,8 +203,16 @@ impl GradientReducer {
         let Some(group) = hook.take_mean_step()? else {
             return run_blocking(module, grads, hook, &selection, plan).map(InFlightGrads::ready);
         };
-        // Not pipelined, one rank (its mean is the identity) or one bucket (the optimizer needs
-        // it whole): the mean runs blocking, in place on the flat gradient, bucket by bucket.
+        // The mean over one rank is the identity, bit for bit (also in the f64 plan of a model
+        // with f32 parameters: f32 -> f64 -> f32 is exact), so the gradients go to the optimizer
+        // as they are: no flatten, no write-back, no collective. Only when a trainable parameter
+        // lacks a gradient does the flat path run, to give it the zeros every rank's bucket has.
+        if group.size() == 1 && all_have_grads(module, &grads) {
+            return Ok(InFlightGrads::ready(grads));
+        }
+        // Not pipelined, one rank (its mean is the identity: a parameter without a gradient
+        // gets zeros) or one bucket (the optimizer needs it whole): the mean runs blocking, in
+        // place on the flat gradient, bucket by bucket.
         // With pipelining the helper is created whenever the group has peers, so the traffic
         // does not depend on the bucket layout.
         let overlap = pipelined && group.size() > 1;
