@@ -92,8 +92,11 @@ pub(crate) fn run(flags: &BenchCommFlags) -> Result<()> {
                 })
             })
             .collect();
-        std::fs::write(path, format!("{:#}\n", serde_json::Value::from(json)))
-            .with_context(|| format!("writing {}", path.display()))?;
+        localsgd_trainer::atomic::write_atomic(
+            path,
+            format!("{:#}\n", serde_json::Value::from(json)),
+        )
+        .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
 }

@@ -84,7 +84,7 @@ pub(crate) fn run(flags: &BenchStepFlags) -> Result<()> {
             "mean_ms": mean,
             "rayon_num_threads": std::env::var("RAYON_NUM_THREADS").ok(),
         });
-        std::fs::write(path, format!("{out:#}\n"))
+        localsgd_trainer::atomic::write_atomic(path, format!("{out:#}\n"))
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())

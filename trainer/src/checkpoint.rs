@@ -6,9 +6,11 @@
 //! checkpoints/step-000120/manifest.json world size, algorithm, iteration
 //! checkpoints/latest                    name of the newest complete checkpoint
 //! ```
-//! A checkpoint is written into `step-N.tmp/`, synced, renamed to `step-N/`, and only then does
-//! `latest` (itself replaced by rename) point at it. A crash at any moment leaves the previous
-//! checkpoint intact and `latest` pointing at a complete one.
+//! A checkpoint is written into `step-N.tmp/`, synced, renamed to `step-N/` (sealed), and only
+//! then does `latest` (itself replaced by rename) point at it (published). A crash at any moment
+//! leaves the previous checkpoint intact and `latest` pointing at a complete one. The binary
+//! publishes a checkpoint only once the metrics rows up to it are synced, so the rows a resume
+//! keeps are exactly those of the iterations the checkpoint holds.
 //!
 //! Each rank file holds: parameters in traversal order with their `ParamId`s (restored on
 //! resume, so the optimizer's per-parameter state re-attaches), the optimizer record, the
@@ -433,8 +435,23 @@ impl CheckpointDir {
         write_synced(&path, &ckpt.encode()?)
     }
 
-    /// Seal the checkpoint (call on one rank after every rank wrote): manifest, rename, `latest`.
+    /// Seal the checkpoint and publish it (call on one rank after every rank wrote): manifest,
+    /// rename, `latest`. [`seal`](Self::seal) then [`publish`](Self::publish).
     pub fn commit(
+        &self,
+        iterations_done: u64,
+        identity: &RunIdentity,
+    ) -> Result<PathBuf, CheckpointError> {
+        let dir = self.seal(iterations_done, identity)?;
+        self.publish(iterations_done)?;
+        Ok(dir)
+    }
+
+    /// Seal the checkpoint (call on one rank after every rank wrote): write its manifest and
+    /// rename `step-N.tmp/` to `step-N/`. It is complete, but a resume still takes the one
+    /// `latest` names until [`publish`](Self::publish): a caller can first make durable what
+    /// must survive with it (the binary syncs the metrics rows up to it).
+    pub fn seal(
         &self,
         iterations_done: u64,
         identity: &RunIdentity,
@@ -450,18 +467,31 @@ impl CheckpointDir {
             manifest.to_string().as_bytes(),
         )?;
         sync_dir(&staging)?;
-        let name = Self::step_name(iterations_done);
-        let final_dir = self.root.join(&name);
+        let final_dir = self.root.join(Self::step_name(iterations_done));
         if final_dir.exists() {
             fs::remove_dir_all(&final_dir).map_err(io(&final_dir))?;
         }
         fs::rename(&staging, &final_dir).map_err(io(&final_dir))?;
+        sync_dir(&self.root)?;
+        Ok(final_dir)
+    }
+
+    /// Point `latest` at the sealed checkpoint of `iterations_done` (replaced by rename, then
+    /// the directory synced): from now on a resume continues from it.
+    pub fn publish(&self, iterations_done: u64) -> Result<(), CheckpointError> {
+        let name = Self::step_name(iterations_done);
+        let sealed = self.root.join(&name).join("manifest.json");
+        if !sealed.exists() {
+            return Err(io(&sealed)(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "publishing a checkpoint that was not sealed",
+            )));
+        }
         let latest_tmp = self.root.join("latest.tmp");
         write_synced(&latest_tmp, name.as_bytes())?;
         let latest = self.root.join("latest");
         fs::rename(&latest_tmp, &latest).map_err(io(&latest))?;
-        sync_dir(&self.root)?;
-        Ok(final_dir)
+        sync_dir(&self.root)
     }
 
     /// The newest complete checkpoint directory.

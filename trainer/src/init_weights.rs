@@ -334,7 +334,7 @@ pub fn save_pytorch_safetensors(model: &Classifier, path: &Path) -> Result<(), I
         .collect::<Result<Vec<_>, _>>()
         .map_err(format_err)?;
     let bytes = safetensors::serialize(views, None).map_err(format_err)?;
-    std::fs::write(path, bytes).map_err(|source| InitWeightsError::Io {
+    crate::atomic::write_atomic(path, bytes).map_err(|source| InitWeightsError::Io {
         path: path.to_path_buf(),
         source,
     })

@@ -7,6 +7,7 @@
 #![deny(missing_docs)]
 
 pub mod algorithm;
+pub mod atomic;
 pub mod batch_norm;
 pub mod checkpoint;
 pub mod classifier;

@@ -172,7 +172,7 @@ fn prepare_run_dir(cfg: &TrainConfig) -> Result<PathBuf> {
         "# effective configuration (saved to {})\n{effective}",
         dir.join("config.toml").display()
     );
-    std::fs::write(dir.join("config.toml"), &effective)
+    localsgd_trainer::atomic::write_atomic(&dir.join("config.toml"), &effective)
         .with_context(|| format!("writing {}", dir.join("config.toml").display()))?;
     Ok(dir)
 }
@@ -241,7 +241,7 @@ fn report(
         "skipped_steps": r0.skipped_steps,
         "phase_seconds": r0.phase_times.iter().map(|(p, d)| (p.name().to_string(), serde_json::json!(d.as_secs_f64()))).collect::<serde_json::Map<_, _>>(),
     });
-    std::fs::write(dir.join("summary.json"), format!("{summary:#}\n"))?;
+    localsgd_trainer::atomic::write_atomic(&dir.join("summary.json"), format!("{summary:#}\n"))?;
     println!(
         "run directory: {} (config.toml, metrics, loss.svg, summary.json, model.safetensors, checkpoints/)",
         dir.display()

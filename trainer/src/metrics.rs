@@ -1,22 +1,51 @@
 //! Per-iteration metrics written by rank 0: loss, learning rate, phase times, communication.
 
+use crate::atomic::write_atomic;
 use crate::config::MetricsFormat;
 use crate::pipeline::{ITERATION_ORDER, IterationReport};
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-/// Open a run file for writing: truncated, or continued when `append` (resume). Also says
-/// whether it existed already (then it has its header).
-fn open_run_file(path: &Path, append: bool) -> std::io::Result<(BufWriter<File>, bool)> {
-    let existed = append && path.exists();
+/// Open a run file for writing: truncated for a fresh run, or, on resume, cut back to the rows
+/// `keep` accepts and continued. Says whether it existed already (then it has its header).
+///
+/// The cut-back keeps the leading complete lines (ending in a newline) for which `keep` holds
+/// and drops everything from the first one that fails: the rows a killed run wrote after its
+/// last checkpoint (the resumed run writes them again) and a row torn by the kill. It is
+/// written atomically, so a kill during the resume itself loses nothing.
+fn open_run_file(
+    path: &Path,
+    resume: bool,
+    keep: impl Fn(&str) -> bool,
+) -> std::io::Result<(BufWriter<File>, bool)> {
+    let existed = resume && path.exists();
+    if existed {
+        let text = std::fs::read(path)?;
+        let mut kept = 0;
+        for line in text.split_inclusive(|&b| b == b'\n') {
+            let complete = line.ends_with(b"\n");
+            match std::str::from_utf8(line) {
+                Ok(l) if complete && keep(l.trim_end()) => kept += line.len(),
+                _ => break,
+            }
+        }
+        if kept < text.len() {
+            write_atomic(path, &text[..kept])?;
+        }
+    }
     let file = std::fs::OpenOptions::new()
         .create(true)
-        .append(append)
+        .append(resume)
         .write(true)
-        .truncate(!append)
+        .truncate(!resume)
         .open(path)?;
     Ok((BufWriter::new(file), existed))
+}
+
+/// The first comma-separated field of a CSV row as an iteration number (`None` for the header).
+fn csv_iteration(line: &str) -> Option<u64> {
+    line.split(',').next()?.parse().ok()
 }
 
 /// Writes one row per iteration to `metrics.csv` or `metrics.jsonl`.
@@ -27,13 +56,27 @@ pub struct MetricsWriter {
 }
 
 impl MetricsWriter {
-    /// Create (or, when `append`, continue) the metrics file in `run_dir`.
-    pub fn create(run_dir: &Path, format: MetricsFormat, append: bool) -> std::io::Result<Self> {
+    /// Create the metrics file in `run_dir`, or, when resuming a run whose checkpoint holds
+    /// `resume_done` iterations, continue it: rows of iterations `0..resume_done` are kept, later
+    /// ones (and a row torn by a kill) are dropped, so every iteration appears exactly once.
+    pub fn create(
+        run_dir: &Path,
+        format: MetricsFormat,
+        resume_done: Option<u64>,
+    ) -> std::io::Result<Self> {
         let path = run_dir.join(match format {
             MetricsFormat::Csv => "metrics.csv",
             MetricsFormat::Jsonl => "metrics.jsonl",
         });
-        let (mut out, existed) = open_run_file(&path, append)?;
+        let done = resume_done.unwrap_or(0);
+        let keep = |line: &str| match format {
+            MetricsFormat::Csv => csv_iteration(line).is_none_or(|i| i < done),
+            MetricsFormat::Jsonl => serde_json::from_str::<serde_json::Value>(line)
+                .ok()
+                .and_then(|row| row.get("iteration")?.as_u64())
+                .is_some_and(|i| i < done),
+        };
+        let (mut out, existed) = open_run_file(&path, resume_done.is_some(), keep)?;
         if format == MetricsFormat::Csv && !existed {
             let phases: Vec<String> = ITERATION_ORDER
                 .iter()
@@ -97,9 +140,11 @@ impl MetricsWriter {
         }
     }
 
-    /// Flush to disk.
-    pub fn flush(&mut self) -> std::io::Result<()> {
-        self.out.flush()
+    /// Flush the rows written so far and sync them to disk (before a checkpoint is published,
+    /// so the rows it covers are durable when it is).
+    pub fn sync(&mut self) -> std::io::Result<()> {
+        self.out.flush()?;
+        self.out.get_ref().sync_data()
     }
 }
 
@@ -123,11 +168,17 @@ impl EvalWriter {
     /// The file's name in the run directory.
     pub const FILE: &'static str = "eval.csv";
 
-    /// Create (or, when `append`, continue) `eval.csv` in `run_dir`.
-    pub fn create(run_dir: &Path, append: bool) -> std::io::Result<Self> {
+    /// Create `eval.csv` in `run_dir`, or, when resuming a run whose checkpoint holds
+    /// `resume_done` iterations, continue it: evaluations after `resume_done` iterations (and a
+    /// row torn by a kill) are dropped; the resumed run makes them again.
+    pub fn create(run_dir: &Path, resume_done: Option<u64>) -> std::io::Result<Self> {
         let path = run_dir.join(Self::FILE);
+        let done = resume_done.unwrap_or(0);
+        let (mut out, existed) = open_run_file(&path, resume_done.is_some(), |line| {
+            csv_iteration(line).is_none_or(|i| i <= done)
+        })?;
         // A resumed run's clock restarts at 0: continue from the last recorded time.
-        let offset = if append && path.exists() {
+        let offset = if existed {
             std::fs::read_to_string(&path)?
                 .lines()
                 .skip(1)
@@ -137,7 +188,6 @@ impl EvalWriter {
         } else {
             0.0
         };
-        let (mut out, existed) = open_run_file(&path, append)?;
         if !existed {
             writeln!(out, "iteration,train_seconds,test_accuracy")?;
         }
@@ -154,5 +204,92 @@ impl EvalWriter {
         let secs = self.offset + train_seconds;
         writeln!(self.out, "{iteration},{secs:.6},{test_accuracy}")?;
         self.out.flush()
+    }
+
+    /// Sync the evaluations written so far to disk (before a checkpoint is published).
+    pub fn sync(&mut self) -> std::io::Result<()> {
+        self.out.flush()?;
+        self.out.get_ref().sync_data()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipeline::PhaseTimes;
+
+    fn report(iteration: u64) -> IterationReport {
+        IterationReport {
+            iteration,
+            loss: 0.5,
+            global_loss: None,
+            skipped_step: false,
+            lr: 0.1,
+            times: PhaseTimes::default(),
+            traffic: Default::default(),
+        }
+    }
+
+    fn iterations(text: &str, jsonl: bool) -> Vec<u64> {
+        text.lines()
+            .skip(usize::from(!jsonl))
+            .map(|l| {
+                if jsonl {
+                    serde_json::from_str::<serde_json::Value>(l).unwrap()["iteration"]
+                        .as_u64()
+                        .unwrap()
+                } else {
+                    csv_iteration(l).unwrap()
+                }
+            })
+            .collect()
+    }
+
+    /// A killed run wrote rows 0..6 and half of row 6; its checkpoint holds 4 iterations. The
+    /// resume keeps rows 0..4 and continues with 4: no gap, no duplicate, no torn row.
+    #[test]
+    fn resume_cuts_rows_back_to_the_checkpoint_and_drops_a_torn_row() {
+        for format in [MetricsFormat::Csv, MetricsFormat::Jsonl] {
+            let dir = tempfile::tempdir().unwrap();
+            let mut w = MetricsWriter::create(dir.path(), format, None).unwrap();
+            for i in 0..6 {
+                w.record(0, 0.1, &report(i)).unwrap();
+            }
+            w.sync().unwrap();
+            let path = w.path().to_path_buf();
+            drop(w);
+            let full = std::fs::read_to_string(&path).unwrap();
+            let torn = &full[..full.len() - 10];
+            std::fs::write(&path, format!("{full}{torn}")).unwrap();
+
+            let mut w = MetricsWriter::create(dir.path(), format, Some(4)).unwrap();
+            for i in 4..7 {
+                w.record(0, 0.1, &report(i)).unwrap();
+            }
+            w.sync().unwrap();
+            let text = std::fs::read_to_string(&path).unwrap();
+            let jsonl = format == MetricsFormat::Jsonl;
+            assert_eq!(iterations(&text, jsonl), (0..7).collect::<Vec<_>>());
+            if !jsonl {
+                assert_eq!(text.matches("iteration,epoch").count(), 1, "one header");
+            }
+        }
+    }
+
+    #[test]
+    fn resume_keeps_evaluations_up_to_the_checkpoint_and_continues_their_clock() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut e = EvalWriter::create(dir.path(), None).unwrap();
+        e.record(2, 1.5, 0.5).unwrap();
+        e.record(4, 3.0, 0.6).unwrap();
+        e.record(6, 4.5, 0.7).unwrap();
+        drop(e);
+        let mut e = EvalWriter::create(dir.path(), Some(4)).unwrap();
+        e.record(6, 1.0, 0.65).unwrap();
+        let text = std::fs::read_to_string(dir.path().join(EvalWriter::FILE)).unwrap();
+        assert_eq!(
+            text,
+            "iteration,train_seconds,test_accuracy\n2,1.500000,0.5\n4,3.000000,0.6\n6,4.000000,0.65\n"
+        );
     }
 }

@@ -333,7 +333,7 @@ pub(crate) fn run(flags: &PlanFlags) -> Result<()> {
             "recommended_period": recommended,
             "target_comm_share": flags.target_comm_share,
         });
-        std::fs::write(path, format!("{out:#}\n"))
+        localsgd_trainer::atomic::write_atomic(path, format!("{out:#}\n"))
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())

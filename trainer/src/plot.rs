@@ -39,7 +39,7 @@ pub fn write_loss_svg(
     series: &[(String, Vec<(f64, f64)>)],
     title: &str,
 ) -> Result<(), PlotError> {
-    std::fs::write(path, loss_svg(series, title)).map_err(|source| PlotError {
+    crate::atomic::write_atomic(path, loss_svg(series, title)).map_err(|source| PlotError {
         path: path.to_path_buf(),
         source,
     })

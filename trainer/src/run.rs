@@ -472,12 +472,15 @@ pub fn train_worker(
         let identity = identity.clone();
         pipeline =
             pipeline.with_checkpointer(Box::new(move |ctx: &CheckpointContext<'_, Classifier>| {
-                save_checkpoint(&dir, &identity, ctx)
+                // Sealed, not yet published: rank 0 publishes it once this iteration's metrics
+                // row is synced (below), so the rows a resume keeps are exactly its iterations.
+                save_checkpoint(&dir, &identity, ctx, false)
                     .map_err(|e| PipelineError::Checkpoint(e.to_string()))
             }));
     }
 
     let mut position = DataPosition::default();
+    let mut resume_done = None;
     if cfg.resume {
         let dir = ckpt_dir
             .as_ref()
@@ -495,6 +498,7 @@ pub fn train_worker(
             ckpt.outer.as_ref(),
         )?;
         position = ckpt.meta.data.unwrap_or_default();
+        resume_done = Some(ckpt.meta.iterations_done);
     }
 
     let train = Arc::new(data.train.clone());
@@ -509,7 +513,7 @@ pub fn train_worker(
 
     let mut metrics = match (rank, run_dir) {
         (0, Some(dir)) => Some(
-            MetricsWriter::create(dir, cfg.metrics_format, cfg.resume)
+            MetricsWriter::create(dir, cfg.metrics_format, resume_done)
                 .map_err(output_error("metrics"))?,
         ),
         _ => None,
@@ -517,7 +521,7 @@ pub fn train_worker(
 
     let mut evals = match (rank, run_dir, cfg.eval_every) {
         (0, Some(dir), every) if every > 0 => {
-            Some(EvalWriter::create(dir, cfg.resume).map_err(output_error("eval.csv"))?)
+            Some(EvalWriter::create(dir, resume_done).map_err(output_error("eval.csv"))?)
         }
         _ => None,
     };
@@ -557,6 +561,15 @@ pub fn train_worker(
                         e.record(done, secs, acc)
                             .map_err(output_error("eval.csv"))?;
                     }
+                    // The checkpoint phase sealed a checkpoint of `done` iterations: make the
+                    // rows up to it durable, then let a resume take it.
+                    if let Some(dir) = &ckpt_dir
+                        && cfg.checkpoint_every > 0
+                        && done.is_multiple_of(cfg.checkpoint_every)
+                    {
+                        sync_run_files(&mut metrics, &mut evals)?;
+                        dir.publish(done)?;
+                    }
                 }
             }
             Outcome::EndOfData(m) => {
@@ -572,8 +585,8 @@ pub fn train_worker(
     let outer_state = pipeline.outer_state()?;
     let wall = started.elapsed();
     let traffic = group.traffic() - traffic_start;
-    if let Some(w) = &mut metrics {
-        w.flush().map_err(output_error("metrics"))?;
+    if rank == 0 {
+        sync_run_files(&mut metrics, &mut evals)?;
     }
     // The final state is always saved when there is a run directory, so `resume` can continue.
     if let Some(dir) = &ckpt_dir {
@@ -592,7 +605,7 @@ pub fn train_worker(
                 data: loader.position(),
                 group: &group,
             };
-            save_checkpoint(dir, &identity, &ctx)?;
+            save_checkpoint(dir, &identity, &ctx, true)?;
         }
     }
 
@@ -636,12 +649,29 @@ fn average_model(model: Classifier, group: &Group) -> Result<Classifier, RunErro
     Ok(write_params(model, &flat)?)
 }
 
+/// Sync rank 0's metrics and evaluation files (before a checkpoint is published).
+fn sync_run_files(
+    metrics: &mut Option<MetricsWriter>,
+    evals: &mut Option<EvalWriter>,
+) -> Result<(), RunError> {
+    if let Some(w) = metrics {
+        w.sync().map_err(output_error("metrics"))?;
+    }
+    if let Some(e) = evals {
+        e.sync().map_err(output_error("eval.csv"))?;
+    }
+    Ok(())
+}
+
 /// Collective checkpoint save: rank 0 prepares the staging directory, every rank writes its
-/// file, rank 0 seals it. Barriers keep the steps in order.
+/// file, rank 0 seals it and, when `publish`, points `latest` at it (otherwise the caller
+/// publishes it with [`CheckpointDir::publish`] once what must survive with it is durable).
+/// Barriers keep the steps in order.
 pub fn save_checkpoint(
     dir: &CheckpointDir,
     identity: &RunIdentity,
     ctx: &CheckpointContext<'_, Classifier>,
+    publish: bool,
 ) -> Result<(), RunError> {
     let rank = ctx.group.rank();
     if rank == 0 {
@@ -664,7 +694,10 @@ pub fn save_checkpoint(
     dir.write_rank(ctx.iterations_done, &ckpt)?;
     ctx.group.barrier()?;
     if rank == 0 {
-        dir.commit(ctx.iterations_done, identity)?;
+        dir.seal(ctx.iterations_done, identity)?;
+        if publish {
+            dir.publish(ctx.iterations_done)?;
+        }
     }
     ctx.group.barrier()?;
     Ok(())

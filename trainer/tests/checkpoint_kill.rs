@@ -1,5 +1,6 @@
-//! Atomic checkpoints: kill -9 the trainer while it checkpoints every iteration; the latest
-//! checkpoint is always complete and a resumed run continues from it.
+//! Atomic checkpoints and run files: kill -9 the trainer while it checkpoints every iteration;
+//! the latest checkpoint is always complete, a resumed run continues from it to the same final
+//! model as an uninterrupted run, and `metrics.csv` ends with every iteration exactly once.
 
 use localsgd_trainer::algorithm::AlgorithmSpec;
 use localsgd_trainer::checkpoint::{CheckpointDir, RunIdentity};
@@ -7,7 +8,7 @@ use localsgd_trainer::config::{AlgorithmKind, DatasetKind, TrainConfig};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-const ARGS: [&str; 14] = [
+const ARGS: [&str; 12] = [
     "train",
     "--dataset",
     "synthetic",
@@ -15,8 +16,6 @@ const ARGS: [&str; 14] = [
     "64",
     "--hidden",
     "512,512",
-    "--checkpoint-every",
-    "1",
     "--progress",
     "false",
     "--steps",
@@ -57,17 +56,18 @@ fn identity(extra: &[&str]) -> RunIdentity {
     }
 }
 
-/// Start `localsgd train` (ARGS, `--log-every 0`, `extra`) in `run` and SIGKILL it after each
-/// delay, resuming from the second round on. After every kill, `latest` must name a complete
+/// Start `localsgd train` (ARGS, `--log-every 0`, a checkpoint every `every` iterations,
+/// `extra`) in `run` and SIGKILL it after each delay, resuming from the second round on. After every kill, `latest` must name a complete
 /// checkpoint of both ranks, and progress never goes backwards. Returns the iterations the last
 /// checkpoint holds and whether a kill ever hit a checkpoint being written.
-fn kill_rounds(run: &std::path::Path, extra: &[&str], delays: &[u64]) -> (u64, bool) {
+fn kill_rounds(run: &std::path::Path, every: u64, extra: &[&str], delays: &[u64]) -> (u64, bool) {
     let ckpts = CheckpointDir::new(run);
     let mut last_done = 0;
     let mut saw_staging = false;
     for (round, delay_ms) in delays.iter().enumerate() {
         let mut args: Vec<String> = ARGS.iter().map(|s| s.to_string()).collect();
         args.extend(["0".into(), "--run-dir".into(), run.display().to_string()]);
+        args.extend(["--checkpoint-every".into(), every.to_string()]);
         args.extend(extra.iter().map(|s| s.to_string()));
         if round > 0 {
             args.extend(["--resume".into(), "true".into()]);
@@ -102,12 +102,14 @@ fn kill_rounds(run: &std::path::Path, extra: &[&str], delays: &[u64]) -> (u64, b
     (last_done, saw_staging)
 }
 
-/// Run ARGS with `--steps steps` (no logging) and `extra` in `run`, resuming if asked.
-fn finish_run(run: &std::path::Path, steps: u64, extra: &[&str], resume: bool) {
+/// Run ARGS with `--steps steps` (no logging), a checkpoint every `every` iterations and
+/// `extra` in `run`, resuming if asked.
+fn finish_run(run: &std::path::Path, steps: u64, every: u64, extra: &[&str], resume: bool) {
     let out = Command::new(env!("CARGO_BIN_EXE_localsgd"))
-        .args(&ARGS[..12])
+        .args(&ARGS[..10])
         .args([&steps.to_string(), "--log-every", "0", "--run-dir"])
         .arg(run)
+        .args(["--checkpoint-every", &every.to_string()])
         .args(extra)
         .args(["--resume", if resume { "true" } else { "false" }])
         .output()
@@ -119,16 +121,70 @@ fn finish_run(run: &std::path::Path, steps: u64, extra: &[&str], resume: bool) {
     );
 }
 
+/// `metrics.csv` of a finished run of `steps` iterations: the header, then iterations
+/// `0..steps` once each and in order, every row complete (as many fields as the header).
+fn assert_metrics_once(run: &std::path::Path, steps: u64) {
+    let text = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
+    assert!(text.ends_with('\n'), "torn last row");
+    let mut lines = text.lines();
+    let fields = lines.next().unwrap().split(',').count();
+    let mut iterations = Vec::new();
+    for (k, row) in lines.enumerate() {
+        assert_eq!(row.split(',').count(), fields, "row {k} is torn: {row}");
+        iterations.push(row.split(',').next().unwrap().parse::<u64>().unwrap());
+    }
+    assert_eq!(iterations, (0..steps).collect::<Vec<_>>());
+}
+
+/// Kill delays (ms) from a seed: the first long enough for the process to start and save its
+/// first checkpoint (`first` ms at least), the rest spread over 250-900 ms so kills land
+/// anywhere in an iteration (the seed is printed; every instant must pass).
+fn random_delays(count: usize, first: u64) -> Vec<u64> {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos() as u64;
+    eprintln!("kill delays seed: {seed}");
+    let mut state = seed | 1;
+    (0..count)
+        .map(|k| {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            let spread = (state >> 33) % 650;
+            if k == 0 {
+                first + spread / 4
+            } else {
+                250 + spread
+            }
+        })
+        .collect()
+}
+
+/// Checkpoints every iteration (kills often land inside a checkpoint write) and every 150 (a
+/// kill finds rows still buffered, rows of iterations after the checkpoint already on disk, and
+/// rows torn where the 8 KiB buffer was flushed mid-row): whatever the instant, the resumed run
+/// ends with the final model of an uninterrupted run and each iteration once in its metrics.
 #[test]
 fn kill_during_checkpoint_write_leaves_the_previous_checkpoint_intact() {
-    let dir = tempfile::tempdir().unwrap();
-    let run = dir.path().join("run");
-    let (last_done, saw_staging) = kill_rounds(&run, &[], &[700, 410, 530, 650, 770]);
-    // A resumed run continues from the last complete checkpoint and finishes cleanly.
-    finish_run(&run, last_done + 3, &[], true);
-    let latest = std::fs::read_to_string(run.join("checkpoints/latest")).unwrap();
-    assert_eq!(latest.trim(), format!("step-{:08}", last_done + 3));
-    eprintln!("killed mid-write at least once: {saw_staging}");
+    for (every, first) in [(1, 700), (150, 1500)] {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path().join("run");
+        let (last_done, saw_staging) = kill_rounds(&run, every, &[], &random_delays(6, first));
+        let steps = last_done + 3;
+        finish_run(&run, steps, every, &[], true);
+        let latest = std::fs::read_to_string(run.join("checkpoints/latest")).unwrap();
+        assert_eq!(latest.trim(), format!("step-{steps:08}"));
+        assert_metrics_once(&run, steps);
+        let straight = dir.path().join("straight");
+        finish_run(&straight, steps, every, &[], false);
+        let model = |run: &std::path::Path| std::fs::read(run.join("model.safetensors")).unwrap();
+        assert!(
+            model(&run) == model(&straight),
+            "rank 0's final model after {steps} iterations differs from the uninterrupted run's"
+        );
+        eprintln!("checkpoint every {every}: killed mid-write at least once: {saw_staging}");
+    }
 }
 
 /// Streaming DiLoCo killed at arbitrary moments (its checkpoints hold θ per fragment, the
@@ -153,11 +209,12 @@ fn streaming_diloco_killed_and_resumed_equals_an_uninterrupted_run() {
     ];
     let dir = tempfile::tempdir().unwrap();
     let killed = dir.path().join("killed");
-    let (last_done, _) = kill_rounds(&killed, &STREAMING, &[600, 450, 550]);
+    let (last_done, _) = kill_rounds(&killed, 1, &STREAMING, &[600, 450, 550]);
     let steps = last_done + 5;
-    finish_run(&killed, steps, &STREAMING, true);
+    finish_run(&killed, steps, 1, &STREAMING, true);
     let straight = dir.path().join("straight");
-    finish_run(&straight, steps, &STREAMING, false);
+    finish_run(&straight, steps, 1, &STREAMING, false);
+    assert_metrics_once(&killed, steps);
     let model = |run: &std::path::Path| std::fs::read(run.join("model.safetensors")).unwrap();
     assert!(
         model(&killed) == model(&straight),

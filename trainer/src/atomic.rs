@@ -1,0 +1,81 @@
+//! Run files written whole or not at all: a killed run leaves either the previous file or the
+//! new one, never a torn one.
+//!
+//! ```
+//! let dir = tempfile::tempdir()?;
+//! let path = dir.path().join("summary.json");
+//! localsgd_trainer::atomic::write_atomic(&path, b"{}\n")?;
+//! assert_eq!(std::fs::read(&path)?, b"{}\n");
+//! # Ok::<(), std::io::Error>(())
+//! ```
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// The temporary sibling `path` is written to before the rename: `.NAME.tmp` in the same
+/// directory (a rename is atomic only within one file system).
+fn temp_path(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    path.with_file_name(format!(".{name}.tmp"))
+}
+
+/// Write `bytes` to `path` atomically: into a temporary file in the same directory, synced,
+/// then renamed over `path`, and the directory synced (so the rename itself survives a power
+/// cut where the file system allows it).
+pub fn write_atomic(path: &Path, bytes: impl AsRef<[u8]>) -> std::io::Result<()> {
+    let tmp = temp_path(path);
+    let result = (|| {
+        let mut f = File::create(&tmp)?;
+        f.write_all(bytes.as_ref())?;
+        f.sync_all()?;
+        fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        // Nothing half-written is left behind; the original error is the one to report.
+        let _ = fs::remove_file(&tmp);
+    }
+    result?;
+    sync_parent(path);
+    Ok(())
+}
+
+/// Sync the directory holding `path`, where the platform can (a rename is durable once its
+/// directory is). Best effort: some file systems refuse to sync a directory.
+pub(crate) fn sync_parent(path: &Path) {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+        && let Ok(d) = File::open(dir)
+    {
+        let _ = d.sync_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replaces_the_file_and_leaves_no_temporary() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("plot.svg");
+        fs::write(&path, "old").unwrap();
+        write_atomic(&path, "new").unwrap();
+        assert_eq!(fs::read_to_string(&path).unwrap(), "new");
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("plot.svg")]);
+    }
+
+    #[test]
+    fn a_failed_write_keeps_the_old_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("missing-dir").join("summary.json");
+        assert!(write_atomic(&path, "x").is_err());
+        assert!(!path.exists());
+    }
+}
