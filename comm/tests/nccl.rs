@@ -346,3 +346,140 @@ fn a_library_without_a_required_entry_point_is_refused_naming_it() {
     assert!(text.contains("has no symbol ncclAllGather"), "{text}");
     assert!(text.contains("install NCCL >= 2.12"), "{text}");
 }
+
+/// The rendezvous' wire messages under random input (property tests, a bounded number of
+/// cases): rank 0 ignores connections that are not a hello and still meets the real peer, or
+/// refuses a well-formed hello with a bad rank or world size, naming it; a peer given a random
+/// answer by a fake rank 0 gets a clear error. Never a panic, a hang past the timeout, or an
+/// allocation sized by the input (strings are capped at 64 KiB).
+mod rendezvous_fuzz {
+    use super::*;
+    use proptest::prelude::*;
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+
+    const MAGIC: u64 = 0x4c53_4744_4e43_4c31; // "LSGDNCL1"
+
+    fn send(addr: &str, bytes: &[u8]) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match TcpStream::connect(addr) {
+                Ok(mut s) => {
+                    let _ = s.write_all(bytes);
+                    return; // closed: rank 0's read ends at once
+                }
+                Err(_) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                Err(e) => panic!("cannot reach rank 0 at {addr}: {e}"),
+            }
+        }
+    }
+
+    /// A message: random bytes, or a hello with the right magic and random fields.
+    fn message() -> impl Strategy<Value = (Vec<u8>, Option<(u64, u64)>)> {
+        prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..64).prop_map(|b| (b, None)),
+            (
+                0..5u64,
+                0..5u64,
+                proptest::option::of(any::<u32>()),
+                proptest::collection::vec(any::<u8>(), 0..16),
+            )
+                .prop_map(|(rank, size, len, host)| {
+                    // The host's own length, or any length (too long, or past the 64 KiB cap).
+                    let len = len.unwrap_or(host.len() as u32);
+                    let mut b = MAGIC.to_le_bytes().to_vec();
+                    b.extend_from_slice(&rank.to_le_bytes());
+                    b.extend_from_slice(&size.to_le_bytes());
+                    b.extend_from_slice(&len.to_le_bytes());
+                    b.extend_from_slice(&host);
+                    (b, Some((rank, size)))
+                }),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+        #[test]
+        fn rank_zero_survives_or_refuses_stray_messages((bytes, hello) in message()) {
+            let addr = format!("127.0.0.1:{}", free_port());
+            let started = Instant::now();
+            let (root, peer) = std::thread::scope(|s| {
+                let a = addr.clone();
+                let root = s.spawn(move || {
+                    meet(0, 2, &a, Duration::from_secs(5)).run("h0", || Ok(id_pattern()))
+                });
+                send(&addr, &bytes);
+                // The real peer arrives after the stray message.
+                std::thread::sleep(Duration::from_millis(150));
+                let peer = meet(1, 2, &addr, Duration::from_secs(2)).run("h1", || Ok([0; 128]));
+                (root.join().unwrap(), peer)
+            });
+            prop_assert!(started.elapsed() < Duration::from_secs(12));
+            // A whole hello (its host string complete and under the cap) is read; anything
+            // else ends in a read error and is ignored.
+            let whole = |bytes: &[u8]| {
+                let len = u32::from_le_bytes(bytes[24..28].try_into().unwrap()) as usize;
+                len <= 64 * 1024 && bytes.len() >= 28 + len
+            };
+            match hello {
+                Some((rank, size)) if whole(&bytes) && (size != 2 || rank == 0 || rank >= 2) => {
+                    let e = root.unwrap_err().to_string();
+                    prop_assert!(e.contains("world size") || e.contains("not valid"), "{}", e);
+                    prop_assert!(peer.is_err());
+                }
+                Some(_) if whole(&bytes) => {
+                    // A valid rank 1 took the real one's place: rank 0 hands it the id (the
+                    // write to the closed socket may fail) and stops listening; the real peer
+                    // cannot meet anyone.
+                    prop_assert!(peer.is_err());
+                    let _ = root;
+                }
+                _ => {
+                    let root = root.unwrap_or_else(|e| panic!("rank 0: {e}"));
+                    let peer = peer.unwrap_or_else(|e| panic!("rank 1: {e}"));
+                    prop_assert_eq!(root.id, id_pattern());
+                    prop_assert_eq!(peer.id, id_pattern());
+                    prop_assert_eq!(peer.hosts, vec!["h0".to_string(), "h1".to_string()]);
+                }
+            }
+        }
+
+        #[test]
+        fn a_peer_given_a_random_answer_gets_an_error(
+            good_magic in any::<bool>(),
+            status in any::<u8>(),
+            tail in proptest::collection::vec(any::<u8>(), 0..300),
+        ) {
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap().to_string();
+            let started = Instant::now();
+            let peer = std::thread::scope(|s| {
+                s.spawn(move || {
+                    let (mut c, _) = listener.accept().unwrap();
+                    let mut hello = [0u8; 28 + 2];
+                    let _ = c.read_exact(&mut hello);
+                    let magic = if good_magic { MAGIC } else { MAGIC ^ 1 };
+                    let mut answer = magic.to_le_bytes().to_vec();
+                    answer.push(status);
+                    answer.extend_from_slice(&tail);
+                    let _ = c.write_all(&answer);
+                });
+                meet(1, 2, &addr, Duration::from_secs(3)).run("h1", || Ok([0; 128]))
+            });
+            prop_assert!(started.elapsed() < Duration::from_secs(8));
+            // 300 bytes cannot hold an id (128) and two host strings unless they are short:
+            // an answer may parse, but only as rank 0's id and host names.
+            if let Err(e) = peer {
+                let e = e.to_string();
+                prop_assert!(
+                    e.contains("bad magic") || e.contains("refused this rank")
+                        || e.contains("connection to rank 0 failed") || e.contains("did not send the id"),
+                    "{}", e
+                );
+            }
+        }
+    }
+}

@@ -36,8 +36,10 @@ use std::path::{Path, PathBuf};
 
 const MAGIC: &[u8; 8] = b"LSGDCKPT";
 /// Format 2 added the pending overlapped average (a fourth part), format 3 the outer averager's
-/// state (a fifth, empty without one); format 1 and 2 files still load.
-const FORMAT: u32 = 3;
+/// state (a fifth, empty without one), format 4 a CRC-32 of everything before it as the last
+/// four bytes (a flipped bit anywhere is a "damaged" error, not a silently different model);
+/// format 1 to 3 files still load.
+const FORMAT: u32 = 4;
 
 /// Checkpoint failures, naming the file involved.
 #[derive(Debug, thiserror::Error)]
@@ -292,7 +294,7 @@ impl RankCheckpoint {
             .map(OuterState::to_bytes)
             .unwrap_or_default();
         let mut out = Vec::with_capacity(
-            52 + meta.len() + params.len() + self.optimizer.len() + pending.len() + outer.len(),
+            56 + meta.len() + params.len() + self.optimizer.len() + pending.len() + outer.len(),
         );
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&FORMAT.to_le_bytes());
@@ -300,6 +302,8 @@ impl RankCheckpoint {
             out.extend_from_slice(&(part.len() as u64).to_le_bytes());
             out.extend_from_slice(part);
         }
+        let crc = crc32fast::hash(&out);
+        out.extend_from_slice(&crc.to_le_bytes());
         Ok(out)
     }
 
@@ -315,7 +319,7 @@ impl RankCheckpoint {
         let names: &[&str] = match format {
             1 => &["metadata", "parameters", "optimizer"],
             2 => &["metadata", "parameters", "optimizer", "pending average"],
-            FORMAT => &[
+            3 | FORMAT => &[
                 "metadata",
                 "parameters",
                 "optimizer",
@@ -324,7 +328,24 @@ impl RankCheckpoint {
             ],
             _ => return Err(corrupt(&format!("format {format}, expected 1 to {FORMAT}"))),
         };
-        let mut rest = &bytes[12..];
+        let body = if format >= 4 {
+            let Some(split) = bytes.len().checked_sub(4).filter(|&n| n >= 12) else {
+                return Err(corrupt("truncated before the checksum"));
+            };
+            let (body, crc) = bytes.split_at(split);
+            let saved = u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]);
+            let actual = crc32fast::hash(body);
+            if saved != actual {
+                return Err(corrupt(&format!(
+                    "checksum mismatch (saved {saved:08x}, computed {actual:08x}): the file was \
+                     truncated or altered"
+                )));
+            }
+            body
+        } else {
+            bytes
+        };
+        let mut rest = &body[12..];
         let mut parts = Vec::with_capacity(names.len());
         for &name in names {
             if rest.len() < 8 {
