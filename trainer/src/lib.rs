@@ -17,6 +17,7 @@ pub mod config;
 pub mod data;
 pub mod denormals;
 pub mod init_weights;
+pub mod limits;
 pub mod lr_schedule;
 pub mod metrics;
 pub mod model;

@@ -6,10 +6,11 @@ use crate::checkpoint::{CheckpointDir, CheckpointError, RankCheckpoint, RunIdent
 use crate::classifier::{Classifier, Classify, ModelSpec};
 use crate::cnn::CnnConfig;
 use crate::config::{
-    DatasetKind, DeviceKind, LrScheduleKind, ModelKind, OptimizerKind, TrainConfig,
+    Backend, DatasetKind, DeviceKind, LrScheduleKind, ModelKind, OptimizerKind, TrainConfig,
 };
 use crate::data::{self, DataError, Dataset, ShardSampler, TrainTest};
 use crate::init_weights::{InitWeightsError, load_pytorch_safetensors, save_pytorch_safetensors};
+use crate::limits;
 use crate::lr_schedule::LrSchedule;
 use crate::metrics::{EvalWriter, MetricsWriter};
 use crate::model::{MlpConfig, ModelError};
@@ -61,6 +62,9 @@ pub enum RunError {
     /// The configured compute device is not available in this build.
     #[error("device: {0}")]
     Device(String),
+    /// The models would not fit in this machine's memory.
+    #[error(transparent)]
+    TooLarge(#[from] crate::limits::TooLarge),
     /// Writing metrics or plots failed.
     #[error("writing {what}: {message}")]
     Output {
@@ -168,6 +172,35 @@ pub fn load_data(cfg: &TrainConfig) -> Result<TrainTest, DataError> {
     match cfg.dataset {
         DatasetKind::Digits => data::digits::load(),
         DatasetKind::Synthetic => {
+            // Features as f32 and a u32 label per sample, checked before anything is generated.
+            let bytes = (cfg.synthetic_samples as u128)
+                .saturating_mul(cfg.synthetic_dim as u128 * 4 + 4)
+                .min(u64::MAX as u128) as u64;
+            // Blame the larger of the two factors.
+            let (setting, value, other, other_value) = if cfg.synthetic_dim > cfg.synthetic_samples
+            {
+                (
+                    "synthetic-dim",
+                    cfg.synthetic_dim,
+                    "synthetic-samples",
+                    cfg.synthetic_samples,
+                )
+            } else {
+                (
+                    "synthetic-samples",
+                    cfg.synthetic_samples,
+                    "synthetic-dim",
+                    cfg.synthetic_dim,
+                )
+            };
+            let need = limits::Need::new(
+                setting,
+                &format!("{value} (with `{other}` = {other_value})"),
+                "the synthetic data",
+                bytes,
+            )
+            .hint("use fewer `synthetic-samples` or a smaller `synthetic-dim`");
+            limits::check(&need, limits::available_memory())?;
             let test = cfg.synthetic_samples / 5;
             data::synthetic::generate_split(
                 cfg.synthetic_samples - test,
@@ -190,10 +223,61 @@ pub fn load_data(cfg: &TrainConfig) -> Result<TrainTest, DataError> {
 /// before it creates the run directory.
 pub fn preflight(cfg: &TrainConfig, train: &Dataset) -> Result<ModelSpec, RunError> {
     let spec = model_config(cfg, train)?;
+    if let Some(need) = model_memory(cfg, &spec, train.len()) {
+        limits::check(&need, limits::available_memory())?;
+    }
     if let Some(path) = &cfg.init_weights {
         load_pytorch_safetensors(path, &spec, &Device::flex())?;
     }
     Ok(spec)
+}
+
+/// What an MLP run needs at least in this process: on every worker the process runs (all of
+/// them on the thread backend, one otherwise) the parameters, their gradients and the optimizer
+/// state (a momentum buffer, or Adam's two moments) as f32, plus one batch's activations and
+/// their gradients. `None` for the CNN, whose size `channels` bounds to a few MB per worker.
+fn model_memory(cfg: &TrainConfig, spec: &ModelSpec, samples: usize) -> Option<limits::Need> {
+    let ModelSpec::Mlp(mlp) = spec else {
+        return None;
+    };
+    let widths: Vec<u128> = std::iter::once(mlp.input)
+        .chain(mlp.hidden.iter().copied())
+        .chain(std::iter::once(mlp.classes))
+        .map(|w| w as u128)
+        .collect();
+    let params: u128 = widths
+        .windows(2)
+        .map(|w| (w[0] + 1).saturating_mul(w[1]))
+        .fold(0, u128::saturating_add);
+    let state = match cfg.optimizer {
+        OptimizerKind::Sgd if cfg.momentum == 0.0 => 0,
+        OptimizerKind::Sgd => 1,
+        OptimizerKind::Adam | OptimizerKind::Adamw => 2,
+    };
+    let batch = cfg.batch_size.min(samples.max(1)) as u128;
+    let activations = batch.saturating_mul(widths.iter().sum::<u128>()) * 2;
+    let workers = match cfg.backend {
+        Backend::Threads => cfg.workers.max(1) as u128,
+        _ => 1,
+    };
+    let bytes = workers
+        .saturating_mul(params.saturating_mul(2 + state).saturating_add(activations))
+        .saturating_mul(4);
+    let hidden: Vec<String> = mlp.hidden.iter().map(|w| w.to_string()).collect();
+    Some(
+        limits::Need::new(
+            "hidden",
+            &hidden.join(","),
+            &format!(
+                "{workers} worker(s) of a {params}-parameter MLP ({} -> {} -> {})",
+                mlp.input,
+                hidden.join(" -> "),
+                mlp.classes
+            ),
+            bytes.min(u64::MAX as u128) as u64,
+        )
+        .hint("use smaller `hidden` widths (or fewer `workers` in one process)"),
+    )
 }
 
 /// The model shape for a data set: the configured `model` over the data's features and

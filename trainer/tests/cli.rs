@@ -99,6 +99,35 @@ fn bad_input_is_rejected_before_anything_is_written() {
         "invalid setting `workers` = 100000000: at most",
         &run,
     );
+    // Models and data larger than any machine's memory: refused naming the setting and the
+    // machine's available memory, before anything is allocated (these used to abort in the
+    // allocator: "memory allocation of 25600000000 bytes failed"). The sizes are beyond any
+    // machine this runs on.
+    for (extra, message) in [
+        (
+            &["--hidden", "1000000000"][..],
+            "invalid setting `hidden` = 1000000000: 2 worker(s) of a 75000000010-parameter MLP (64 -> 1000000000 -> 10) need at least 2.3 TB but this machine has",
+        ),
+        (
+            &["--hidden", "10000000000000,10000000000000"][..],
+            "invalid setting `hidden` = 10000000000000,10000000000000:",
+        ),
+        (
+            &[
+                "--dataset",
+                "synthetic",
+                "--synthetic-samples",
+                "10000000000",
+            ][..],
+            "invalid setting `synthetic-samples` = 10000000000 (with `synthetic-dim` = 16): the synthetic data need at least 680.0 GB",
+        ),
+        (
+            &["--dataset", "synthetic", "--synthetic-dim", "1000000000"][..],
+            "invalid setting `synthetic-dim` = 1000000000 (with `synthetic-samples` = 2000): the synthetic data need at least 8.0 TB",
+        ),
+    ] {
+        assert_rejected(&with(r, extra), message, &run);
+    }
     assert_rejected(
         &base(&["--algorithm", "hierarchical", "--levels", "2:3,4:2"]),
         "does not fit 2 workers",

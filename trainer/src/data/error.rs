@@ -9,6 +9,10 @@ pub enum DataError {
     #[error("invalid dataset: {0}")]
     InvalidDataset(String),
 
+    /// The data asked for would not fit in this machine's memory.
+    #[error(transparent)]
+    TooLarge(#[from] crate::limits::TooLarge),
+
     /// A line of the bundled digits CSV could not be parsed.
     #[error("digits.csv line {line}: {problem}")]
     DigitsParse {
