@@ -273,9 +273,24 @@ impl RankCheckpoint {
             buffer: self.params.clone(),
         };
         let model = write_params(model, &flat).map_err(|e| CheckpointError::Data(e.to_string()))?;
-        let optimizer = optimizer
-            .from_bytes(Bytes::from_bytes_vec(self.optimizer.clone()))
-            .map_err(|e| CheckpointError::Data(format!("optimizer record: {e:?}")))?;
+        // burn's record decoder panics on some damaged records ("Optimizer record tensors should
+        // carry a parameter id"); the file's CRC-32 catches damage on disk, this catches a file
+        // rewritten with a valid checksum.
+        let bytes = Bytes::from_bytes_vec(self.optimizer.clone());
+        let decoded =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| optimizer.from_bytes(bytes)))
+                .map_err(|panic| {
+                    let why = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "no message".into());
+                    CheckpointError::Data(format!(
+                        "optimizer record: damaged (burn's decoder panicked: {why})"
+                    ))
+                })?;
+        let optimizer =
+            decoded.map_err(|e| CheckpointError::Data(format!("optimizer record: {e:?}")))?;
         Ok((model, optimizer))
     }
 

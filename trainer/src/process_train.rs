@@ -29,6 +29,15 @@ pub(crate) fn train(flags: &ConfigFlags, cfg: TrainConfig) -> Result<()> {
     let world = ProcessWorld::start(cfg.backend, Duration::from_secs(cfg.timeout_secs))?;
     let rank = world.group.rank();
     let size = world.group.size();
+    // A panic's own message does not say which process it came from: say it first.
+    let report_panic = std::panic::take_hook();
+    let whereabouts = world.whereabouts();
+    std::panic::set_hook(Box::new(move |info| {
+        say(&format!(
+            "error on rank {rank} of {size} ({whereabouts}): a panic (its message follows)"
+        ));
+        report_panic(info);
+    }));
 
     // Deterministic checks: every rank reaches the same verdict, so rank 0 alone reports it and
     // everyone leaves normally (no abort, no duplicated messages).

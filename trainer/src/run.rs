@@ -9,6 +9,7 @@ use crate::config::{
     Backend, DatasetKind, DeviceKind, LrScheduleKind, ModelKind, OptimizerKind, TrainConfig,
 };
 use crate::data::{self, DataError, Dataset, ShardSampler, TrainTest};
+use crate::fault::{Fault, FaultKind};
 use crate::init_weights::{InitWeightsError, load_pytorch_safetensors, save_pytorch_safetensors};
 use crate::limits;
 use crate::lr_schedule::LrSchedule;
@@ -65,6 +66,17 @@ pub enum RunError {
     /// The models would not fit in this machine's memory.
     #[error(transparent)]
     TooLarge(#[from] crate::limits::TooLarge),
+    /// `LOCALSGD_FAULT` is set to something that is not a fault ([`crate::fault`]).
+    #[error("fault injection: {0}")]
+    Fault(String),
+    /// A thread worker panicked (its peers then fail with "rank R failed").
+    #[error("rank {rank} panicked: {message}")]
+    WorkerPanicked {
+        /// The world rank of the worker.
+        rank: usize,
+        /// The panic message.
+        message: String,
+    },
     /// Writing metrics or plots failed.
     #[error("writing {what}: {message}")]
     Output {
@@ -449,6 +461,11 @@ impl ShardLoader {
     pub fn batches_per_epoch(&self) -> usize {
         self.batches.len()
     }
+
+    /// Run out of data for the rest of this epoch (an uneven shard; fault injection).
+    pub fn end_epoch_here(&mut self) {
+        self.next = self.batches.len();
+    }
 }
 
 impl BatchSource<(Tensor<2>, Tensor<1, Int>)> for ShardLoader {
@@ -616,9 +633,13 @@ pub fn train_worker(
     let mut last_global = None;
     let mut curve = Vec::new();
     let loss_fn = |m: &Classifier, b: &(Tensor<2>, Tensor<1, Int>)| loss(m, b);
+    let mut fault = Fault::from_env().map_err(RunError::Fault)?;
     while pipeline.iteration() < total {
         if cfg.steps.is_none() && loader.epoch() >= cfg.epochs {
             break;
+        }
+        if let Some(f) = fault.take_if(|f| f.due(rank, pipeline.iteration())) {
+            inject(f, cfg, &group, &mut loader)?;
         }
         match pipeline.run_iteration(model, &mut loader, &loss_fn)? {
             Outcome::Trained(m, report) => {
@@ -723,6 +744,35 @@ pub fn train_worker(
     })
 }
 
+/// Do what an injected fault asks for ([`crate::fault`]), on the faulty rank.
+fn inject(
+    f: Fault,
+    cfg: &TrainConfig,
+    group: &Group,
+    loader: &mut ShardLoader,
+) -> Result<(), RunError> {
+    let (rank, iteration) = (f.rank, f.iteration);
+    tracing::warn!(?f.kind, rank, iteration, "injecting a fault ({})", crate::fault::ENV);
+    match f.kind {
+        FaultKind::Panic => panic!(
+            "injected fault: rank {rank} panics before iteration {iteration} ({})",
+            crate::fault::ENV
+        ),
+        FaultKind::Stall => std::thread::sleep(Duration::from_secs(cfg.timeout_secs + 3)),
+        FaultKind::Abort => {
+            eprintln!(
+                "injected fault: rank {rank} aborts its process before iteration {iteration} ({})",
+                crate::fault::ENV
+            );
+            std::process::abort();
+        }
+        // Its peers are about to agree on data (an all-reduce): a barrier does not match.
+        FaultKind::Mismatch => group.barrier()?,
+        FaultKind::Short => loader.end_epoch_here(),
+    }
+    Ok(())
+}
+
 /// The world average of the ranks' models (for evaluation; the ranks' own models are unchanged).
 fn average_model(model: Classifier, group: &Group) -> Result<Classifier, RunError> {
     let mut flat = flatten_params(&model, &ParamSelection::All)?;
@@ -807,9 +857,9 @@ pub fn train_threads(
             };
             train_worker(cfg, group, data, run_dir, p)
         })
-        .map_err(|p| RunError::Output {
-            what: format!("worker {}", p.rank),
-            message: format!("panicked: {}", p.message),
+        .map_err(|p| RunError::WorkerPanicked {
+            rank: p.rank,
+            message: p.message,
         })?;
     // Report the root cause: a rank's own error before its peers' "rank N failed" errors.
     let mut ok = Vec::with_capacity(results.len());

@@ -205,6 +205,103 @@ fn a_killed_rank_makes_the_job_exit_non_zero() {
     assert!(took < Duration::from_secs(30), "took {took:?}");
 }
 
+/// The fault soak under MPI (the thread backend's is `fault_soak.rs`): 10 jobs of 2 ranks, each
+/// kind of `LOCALSGD_FAULT` twice on a random rank and iteration. Each job ends within the
+/// collective timeout plus a few seconds (no hang), naming the faulty rank: its panic, after
+/// "error on rank R of N"; for a stall, the waiting peer's watchdog (an MPI collective cannot tell
+/// which peer is missing: the message names the waiting rank and the collective); the rank
+/// `mpirun` saw die; for a mismatch, both ranks' calls. `short` finishes. The latest checkpoint
+/// stays intact.
+#[test]
+fn random_faults_end_each_mpi_job_cleanly_naming_the_rank() {
+    let _one = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos() as u64;
+    println!("mpi fault soak seed: {seed}");
+    let mut rng = one_process_per_rank::Lcg::new(seed);
+    const TIMEOUT: u64 = 3;
+    let deadline = Duration::from_secs(2 * TIMEOUT + 3 + 15);
+    let mut ended = 0;
+    for (k, kind) in ["panic", "stall", "abort", "mismatch", "short"]
+        .iter()
+        .cycle()
+        .take(10)
+        .enumerate()
+    {
+        let rank = rng.below(2) as usize;
+        let other = 1 - rank;
+        let fault = format!("{kind}@{rank}:{}", 1 + rng.below(20));
+        let algorithm = ["ddp", "post-local-sgd"][k % 2];
+        let dir = tempfile::tempdir().unwrap();
+        let mut cmd = Command::new("mpirun");
+        cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+            .env("LOCALSGD_FAULT", &fault)
+            .args(["--oversubscribe", "--mca", "btl", "self,vader,tcp"])
+            .args(["--mca", "btl_vader_single_copy_mechanism", "none"])
+            .args([
+                "-x",
+                "LOCALSGD_FAULT",
+                "-np",
+                "2",
+                BIN,
+                "train",
+                "--backend",
+                "mpi",
+            ])
+            .args(["--algorithm", algorithm, "--warmup", "3", "--period", "2"])
+            .args([
+                "--steps",
+                "25",
+                "--checkpoint-every",
+                "4",
+                "--progress",
+                "false",
+            ])
+            .args(["--timeout-secs", &TIMEOUT.to_string(), "--run-dir"])
+            .arg(dir.path());
+        let what = format!("{fault} ({algorithm})");
+        let (status, stderr, took) = one_process_per_rank::run_bounded(&mut cmd, deadline, &what);
+        let what = format!("{what}, {took:?}: {status}\n{stderr}");
+        let has = |needle: &str| stderr.contains(needle);
+        match *kind {
+            "panic" => assert!(
+                !status.success()
+                    && has(&format!("error on rank {rank} of 2"))
+                    && has(&format!("injected fault: rank {rank} panics")),
+                "{what}"
+            ),
+            "stall" => assert!(
+                !status.success()
+                    && has(&format!("world rank {other} on host"))
+                    && has(&format!(
+                        "did not complete within the timeout of {TIMEOUT}s"
+                    )),
+                "{what}"
+            ),
+            "abort" => assert!(
+                !status.success()
+                    && has(&format!("injected fault: rank {rank} aborts"))
+                    && has(&format!("process rank {rank} with PID")),
+                "{what}"
+            ),
+            "mismatch" => assert!(
+                !status.success()
+                    && has(&format!("world rank {rank} on host"))
+                    && has("collective barrier()")
+                    && has("collective all_gather(u64 x 1)"),
+                "{what}"
+            ),
+            _ => assert!(status.success(), "{what}"),
+        }
+        one_process_per_rank::assert_checkpoint_intact(dir.path(), 2);
+        ended += 1;
+    }
+    println!("mpi fault soak: {ended} jobs, each ended cleanly, none hung");
+}
+
 /// Two "machines" (network namespaces h1 and h2, 2 ranks each, TCP between them): the
 /// intra-node groups follow the hosts and post-local SGD with a per-host gradient all-reduce
 /// trains to a useful model. Needs root and `ip netns`; elsewhere it says SKIPPED.

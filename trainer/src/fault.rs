@@ -1,0 +1,95 @@
+//! Fault injection, for rehearsing failures (the project's fault soak, and operators testing
+//! their own job scripts): the environment variable `LOCALSGD_FAULT=KIND@RANK:ITERATION` makes
+//! one rank of a `localsgd train` run fail in a chosen way just before that iteration (0-based)
+//! starts. Unset (the normal case) nothing is injected.
+//!
+//! | `KIND` | what the rank does | what the run reports |
+//! |---|---|---|
+//! | `panic` | panics | the rank's panic, its peers' "rank R failed" |
+//! | `stall` | sleeps `timeout-secs` + 3 s, then goes on | the peers' collective timeout naming the rank |
+//! | `abort` | ends its process at once (`abort`: no cleanup, like `kill -9`) | threads: the process dies with the signal; MPI: `mpirun` names the rank |
+//! | `mismatch` | issues a barrier where its peers all-reduce | a collective mismatch naming each rank's call |
+//! | `short` | its data runs out here (an uneven shard) | nothing: every rank ends the epoch together |
+//!
+//! ```
+//! use localsgd_trainer::fault::{Fault, FaultKind};
+//! let f: Fault = "stall@1:7".parse()?;
+//! assert_eq!(f, Fault { kind: FaultKind::Stall, rank: 1, iteration: 7 });
+//! assert!("stall@one:7".parse::<Fault>().is_err());
+//! # Ok::<(), String>(())
+//! ```
+
+use std::str::FromStr;
+
+/// The environment variable read by [`Fault::from_env`].
+pub const ENV: &str = "LOCALSGD_FAULT";
+
+/// What the faulty rank does (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultKind {
+    /// Panic.
+    Panic,
+    /// Sleep past the collective timeout, then continue.
+    Stall,
+    /// End the process at once, without cleanup.
+    Abort,
+    /// Issue a collective its peers do not.
+    Mismatch,
+    /// Run out of data (an uneven shard); not an error.
+    Short,
+}
+
+/// One injected fault: `kind` on `rank` before iteration `iteration`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fault {
+    /// What happens.
+    pub kind: FaultKind,
+    /// The world rank it happens on.
+    pub rank: usize,
+    /// The 0-based iteration before which it happens.
+    pub iteration: u64,
+}
+
+impl FromStr for Fault {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || {
+            format!(
+                "{ENV} = {s:?}: expected KIND@RANK:ITERATION with KIND one of panic, stall, \
+                 abort, mismatch, short (e.g. \"panic@1:10\")"
+            )
+        };
+        let (kind, at) = s.split_once('@').ok_or_else(bad)?;
+        let (rank, iteration) = at.split_once(':').ok_or_else(bad)?;
+        let kind = match kind {
+            "panic" => FaultKind::Panic,
+            "stall" => FaultKind::Stall,
+            "abort" => FaultKind::Abort,
+            "mismatch" => FaultKind::Mismatch,
+            "short" => FaultKind::Short,
+            _ => return Err(bad()),
+        };
+        Ok(Self {
+            kind,
+            rank: rank.parse().map_err(|_| bad())?,
+            iteration: iteration.parse().map_err(|_| bad())?,
+        })
+    }
+}
+
+impl Fault {
+    /// The fault `LOCALSGD_FAULT` asks for, if set.
+    pub fn from_env() -> Result<Option<Self>, String> {
+        match std::env::var(ENV) {
+            Ok(v) => v.parse().map(Some),
+            Err(std::env::VarError::NotPresent) => Ok(None),
+            Err(std::env::VarError::NotUnicode(v)) => Err(format!("{ENV} = {v:?}: not UTF-8")),
+        }
+    }
+
+    /// Whether it is due on `rank` before `iteration`.
+    pub fn due(&self, rank: usize, iteration: u64) -> bool {
+        self.rank == rank && self.iteration == iteration
+    }
+}

@@ -1,0 +1,118 @@
+//! The fault soak, thread backend: many short `localsgd train` runs, each with one random fault
+//! injected through `LOCALSGD_FAULT` (a rank panicking, stalled past the collective timeout,
+//! aborting its process, issuing a mismatched collective, or running out of data early). Every
+//! run must end within the timeout plus a few seconds (no hang), with the error that names the
+//! faulty rank (or, for `short`, successfully), and leave `checkpoints/latest` naming a complete,
+//! loadable checkpoint of every rank. The seed is printed; the counts are printed at the end.
+//! The MPI soak is in `mpi_train.rs`.
+
+mod one_process_per_rank;
+
+use one_process_per_rank::{Lcg, assert_checkpoint_intact, run_bounded};
+use std::process::Command;
+use std::time::Duration;
+
+const TIMEOUT_SECS: u64 = 2;
+
+/// A run must end within this: the collective timeout, the stall (timeout + 3 s), and slack.
+const DEADLINE: Duration = Duration::from_secs(2 * TIMEOUT_SECS + 3 + 8);
+
+#[test]
+fn random_faults_end_each_run_cleanly_naming_the_rank() {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos() as u64;
+    eprintln!("fault soak seed: {seed}");
+    let mut rng = Lcg::new(seed);
+    let kinds = ["panic", "stall", "abort", "mismatch", "short"];
+    let algorithms = [
+        "ddp",
+        "post-local-sgd",
+        "local-sgd",
+        "diloco",
+        "hierarchical",
+    ];
+    let runs = 20;
+    let mut counts = std::collections::BTreeMap::new();
+    for k in 0..runs {
+        // Every kind at least 3 times, the rest at random.
+        let kind = kinds[if k < 15 { k % 5 } else { rng.below(5) as usize }];
+        let workers = 2 + rng.below(3) as usize; // 2 to 4
+        let algorithm = algorithms[rng.below(5) as usize];
+        let rank = rng.below(workers as u64) as usize;
+        let iteration = 1 + rng.below(24);
+        let fault = format!("{kind}@{rank}:{iteration}");
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path().join("run");
+        let mut args = vec![
+            "train".to_string(),
+            "--workers".into(),
+            workers.to_string(),
+            "--algorithm".into(),
+            algorithm.into(),
+            "--period".into(),
+            "2".into(),
+            "--warmup".into(),
+            "3".into(),
+            "--steps".into(),
+            "30".into(),
+            "--checkpoint-every".into(),
+            "4".into(),
+            "--timeout-secs".into(),
+            TIMEOUT_SECS.to_string(),
+            "--progress".into(),
+            "false".into(),
+            "--run-dir".into(),
+            run.display().to_string(),
+        ];
+        if algorithm == "hierarchical" {
+            args.extend(["--levels".into(), format!("2:1,4:{workers}")]);
+        }
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_localsgd"));
+        cmd.args(&args).env("LOCALSGD_FAULT", &fault);
+        let (status, stderr, took) = run_bounded(
+            &mut cmd,
+            DEADLINE,
+            &format!("{fault} ({algorithm}, {workers} workers)"),
+        );
+        let what =
+            format!("{fault} ({algorithm}, {workers} workers, {took:?}): {status}\n{stderr}");
+        match kind {
+            "panic" => {
+                assert_eq!(status.code(), Some(2), "{what}");
+                assert!(
+                    stderr.contains(&format!("error: rank {rank} panicked: injected fault")),
+                    "{what}"
+                );
+            }
+            "stall" => {
+                assert_eq!(status.code(), Some(2), "{what}");
+                assert!(stderr.contains("timed out after"), "{what}");
+                assert!(
+                    stderr.contains("did not arrive") && stderr.contains(&format!("[{rank}]")),
+                    "{what}"
+                );
+            }
+            "abort" => {
+                assert_eq!(status.code(), None, "killed by a signal: {what}");
+                assert!(
+                    stderr.contains(&format!("injected fault: rank {rank} aborts")),
+                    "{what}"
+                );
+            }
+            "mismatch" => {
+                assert_eq!(status.code(), Some(2), "{what}");
+                assert!(stderr.contains("collective mismatch"), "{what}");
+                assert!(
+                    stderr.contains(&format!("rank {rank} called barrier()")),
+                    "{what}"
+                );
+            }
+            _ => assert!(status.success(), "{what}"),
+        }
+        assert_checkpoint_intact(&run, workers);
+        *counts.entry(kind).or_insert(0) += 1;
+    }
+    eprintln!("fault soak (threads): {runs} runs, every one ended cleanly, none hung: {counts:?}");
+}
