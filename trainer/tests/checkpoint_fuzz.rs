@@ -1,5 +1,5 @@
-//! Damaged checkpoints: truncated, bit-flipped, wrong-version and wrong-world-size rank files
-//! give a clear error on resume, never a panic, a hang or a huge allocation (property tests over
+//! Damaged checkpoints: truncated, bit-flipped, wrong-version and wrong-world-size rank files,
+//! and damaged manifests, give a clear error on resume, never a panic, a hang or a huge allocation (property tests over
 //! real checkpoints of two runs: DiLoCo with Adam, whose file has an outer state, and overlapped
 //! post-local SGD with momentum, whose file has a pending average).
 //!
@@ -59,6 +59,16 @@ fn saved(algorithm: AlgorithmKind, optimizer: OptimizerKind, overlap: u64) -> Sa
 /// own directory: a resume writes checkpoints of its own, and cases run in parallel); the error,
 /// if any.
 fn resume_with(s: &Saved, bytes: &[u8], workers: usize) -> Result<(), String> {
+    resume_with_manifest(s, bytes, None, workers)
+}
+
+/// [`resume_with`], with the manifest replaced by `manifest` when given.
+fn resume_with_manifest(
+    s: &Saved,
+    bytes: &[u8],
+    manifest: Option<&[u8]>,
+    workers: usize,
+) -> Result<(), String> {
     let copy = tempfile::tempdir().unwrap();
     let step = Path::new("checkpoints/step-00000004");
     std::fs::create_dir_all(copy.path().join(step)).unwrap();
@@ -67,6 +77,9 @@ fn resume_with(s: &Saved, bytes: &[u8], workers: usize) -> Result<(), String> {
         "checkpoints/step-00000004/manifest.json",
     ] {
         std::fs::copy(s.cfg.run_dir.join(name), copy.path().join(name)).unwrap();
+    }
+    if let Some(m) = manifest {
+        std::fs::write(copy.path().join(step).join("manifest.json"), m).unwrap();
     }
     for rank in 1..s.cfg.workers {
         let name = step.join(format!("rank-{rank}.ckpt"));
@@ -166,6 +179,37 @@ proptest! {
         bytes.extend_from_slice(&crc.to_le_bytes());
         if let Err(err) = resume_with(s, &bytes, 2) {
             prop_assert!(!worker_panicked(&err), "a worker panicked: {}", err);
+        }
+    }
+
+    /// A damaged manifest (truncated, or random bytes overwritten) is refused with a clear
+    /// error (not a valid manifest, or another run's identity), or, where the damage left it
+    /// valid, the run resumes; never a panic.
+    #[test]
+    fn damaged_manifests_are_refused_or_harmless(
+        which in 0..2usize,
+        cut in 0.0..1.0f64,
+        edits in proptest::collection::vec((0.0..1.0f64, any::<u8>()), 0..6),
+    ) {
+        let s = &runs()[which];
+        let original = std::fs::read(
+            s.cfg.run_dir.join("checkpoints/step-00000004/manifest.json"),
+        ).unwrap();
+        let mut manifest = original[..((original.len() as f64) * cut) as usize].to_vec();
+        for (at, value) in &edits {
+            let len = manifest.len();
+            if len > 0 {
+                manifest[(((len as f64) * at) as usize).min(len - 1)] = *value;
+            }
+        }
+        if let Err(err) = resume_with_manifest(s, &s.bytes, Some(&manifest), 2) {
+            prop_assert!(!worker_panicked(&err), "a worker panicked: {}", err);
+            prop_assert!(
+                err.contains("is not a valid checkpoint manifest")
+                    || err.contains("cannot resume: the checkpoint in"),
+                "{}",
+                err
+            );
         }
     }
 
