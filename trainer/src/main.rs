@@ -189,6 +189,7 @@ fn report(
         data_bytes,
         collectives,
         samples,
+        ranks,
     } = totals;
     println!(
         "trained {} iterations on {} workers ({:?}, {:?} backend) in {:.2}s: {:.0} samples/s",
@@ -220,6 +221,7 @@ fn report(
         100.0 * r0.test_accuracy,
         100.0 * r0.local_test_accuracy
     );
+    println!("{}", rank_results(r0, &ranks));
     let svg = dir.join("loss.svg");
     write_loss_svg(
         &svg,
@@ -228,7 +230,13 @@ fn report(
     )?;
     let summary = serde_json::json!({
         "test_accuracy": r0.test_accuracy,
+        "test_loss": r0.test_loss,
         "rank0_test_accuracy": r0.local_test_accuracy,
+        "ranks": ranks.iter().enumerate().map(|(rank, e)| serde_json::json!({
+            "rank": rank,
+            "test_accuracy": e.accuracy,
+            "test_loss": e.loss,
+        })).collect::<Vec<_>>(),
         "iterations": r0.iterations,
         "workers": cfg.workers,
         "backend": cfg.backend,
@@ -247,6 +255,26 @@ fn report(
         dir.display()
     );
     Ok(())
+}
+
+/// The test loss of the averaged model and each rank's own model's accuracy and loss, on one
+/// line (the first 8 ranks; `summary.json` has all of them).
+fn rank_results(r0: &WorkerResult, ranks: &[run::Evaluation]) -> String {
+    const SHOWN: usize = 8;
+    let mut parts: Vec<String> = ranks
+        .iter()
+        .take(SHOWN)
+        .enumerate()
+        .map(|(rank, e)| format!("rank {rank} {:.2}% / {:.4}", 100.0 * e.accuracy, e.loss))
+        .collect();
+    if ranks.len() > SHOWN {
+        parts.push(format!("… {} more in summary.json", ranks.len() - SHOWN));
+    }
+    format!(
+        "test loss: {:.4} (world-averaged model); each rank's own model, accuracy / loss: {}",
+        r0.test_loss,
+        parts.join(", ")
+    )
 }
 
 fn compare(flags: &ConfigFlags) -> Result<()> {

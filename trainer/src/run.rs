@@ -100,6 +100,10 @@ pub struct WorkerResult {
     pub test_accuracy: f64,
     /// Test accuracy of this rank's own model.
     pub local_test_accuracy: f64,
+    /// Test loss (mean cross-entropy) of the world-averaged model.
+    pub test_loss: f64,
+    /// Test loss of this rank's own model.
+    pub local_test_loss: f64,
     /// Last all-reduced mean loss, if any was logged.
     pub last_global_loss: Option<f64>,
     /// Communication this rank issued during training (excluding evaluation).
@@ -116,8 +120,8 @@ pub struct WorkerResult {
     pub loss_curve: Vec<(f64, f64)>,
 }
 
-/// Communication and work summed over every rank of a run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// Communication and work summed over every rank of a run, and each rank's own result.
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct RunTotals {
     /// Bytes of collective payload issued, all ranks together.
     pub bytes: u64,
@@ -127,17 +131,26 @@ pub struct RunTotals {
     pub collectives: u64,
     /// Training samples processed, all ranks together.
     pub samples: u64,
+    /// Each rank's own final model on the test set, in rank order (after local steps the
+    /// replicas differ; this is what PyTorch's per-rank numbers compare with).
+    pub ranks: Vec<Evaluation>,
 }
 
 impl RunTotals {
     /// Sum the results of all ranks of one process (thread backend).
     pub fn of(results: &[WorkerResult]) -> Self {
-        results.iter().fold(Self::default(), |t, r| Self {
-            bytes: t.bytes + r.traffic.bytes,
-            data_bytes: t.data_bytes + r.traffic.data_bytes,
-            collectives: t.collectives + r.traffic.collectives,
-            samples: t.samples + r.samples,
-        })
+        let mut t = Self::default();
+        for r in results {
+            t.bytes += r.traffic.bytes;
+            t.data_bytes += r.traffic.data_bytes;
+            t.collectives += r.traffic.collectives;
+            t.samples += r.samples;
+            t.ranks.push(Evaluation {
+                accuracy: r.local_test_accuracy,
+                loss: r.local_test_loss,
+            });
+        }
+        t
     }
 
     /// Sum one rank's result over the group (one small all-gather; one process per rank).
@@ -147,13 +160,21 @@ impl RunTotals {
             mine.traffic.data_bytes,
             mine.traffic.collectives,
             mine.samples,
+            mine.local_test_accuracy.to_bits(),
+            mine.local_test_loss.to_bits(),
         ])?;
-        Ok(all.chunks(4).fold(Self::default(), |t, c| Self {
-            bytes: t.bytes + c[0],
-            data_bytes: t.data_bytes + c[1],
-            collectives: t.collectives + c[2],
-            samples: t.samples + c[3],
-        }))
+        let mut t = Self::default();
+        for c in all.chunks(6) {
+            t.bytes += c[0];
+            t.data_bytes += c[1];
+            t.collectives += c[2];
+            t.samples += c[3];
+            t.ranks.push(Evaluation {
+                accuracy: f64::from_bits(c[4]),
+                loss: f64::from_bits(c[5]),
+            });
+        }
+        Ok(t)
     }
 }
 
@@ -376,15 +397,35 @@ pub fn loss<M: Classify>(model: &M, batch: &(Tensor<2>, Tensor<1, Int>)) -> Tens
     CrossEntropyLoss::new(None, &logits.device()).forward(logits, y.clone())
 }
 
+/// A model's test accuracy and loss.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Evaluation {
+    /// Fraction classified correctly, in [0, 1].
+    pub accuracy: f64,
+    /// Mean cross-entropy (computed in f64 from the f32 logits).
+    pub loss: f64,
+}
+
 /// Fraction of `data` the model classifies correctly, in evaluation mode (`Module::valid`:
 /// no autodiff, batch normalization from its running statistics, which are left unchanged).
 pub fn accuracy<M: Classify>(model: &M, data: &Dataset, device: &Device) -> Result<f64, RunError> {
+    Ok(evaluate(model, data, device)?.accuracy)
+}
+
+/// [`accuracy`] and the mean cross-entropy of `data`, in one pass. An empty data set gives
+/// zeros.
+pub fn evaluate<M: Classify>(
+    model: &M,
+    data: &Dataset,
+    device: &Device,
+) -> Result<Evaluation, RunError> {
     if data.is_empty() {
-        return Ok(0.0);
+        return Ok(Evaluation::default());
     }
     let model = model.valid();
     let indices: Vec<usize> = (0..data.len()).collect();
     let mut correct = 0usize;
+    let mut loss_sum = 0.0f64;
     for chunk in indices.chunks(1024) {
         let (x, _) = data.batch_tensors(chunk, device)?;
         let logits = model.logits(x.inner());
@@ -397,18 +438,28 @@ pub fn accuracy<M: Classify>(model: &M, data: &Dataset, device: &Device) -> Resu
                 message: format!("{e:?}"),
             })?;
         for (row, &i) in values.chunks(classes).zip(chunk) {
+            let label = data.labels()[i] as usize;
             let mut best = 0;
             for c in 1..classes {
                 if row[c] > row[best] {
                     best = c;
                 }
             }
-            if best as u32 == data.labels()[i] {
+            if best == label {
                 correct += 1;
             }
+            // -log softmax(row)[label], shifted by the row's maximum for stability.
+            let max = f64::from(row[best]);
+            let sum: f64 = row.iter().map(|&v| (f64::from(v) - max).exp()).sum();
+            let picked = row.get(label).map_or(f64::NAN, |&v| f64::from(v));
+            loss_sum += max + sum.ln() - picked;
         }
     }
-    Ok(correct as f64 / data.len() as f64)
+    let n = data.len() as f64;
+    Ok(Evaluation {
+        accuracy: correct as f64 / n,
+        loss: loss_sum / n,
+    })
 }
 
 /// This rank's shard of the training data, epoch by epoch, in batches (PyTorch's
@@ -722,18 +773,20 @@ pub fn train_worker(
             message: e.to_string(),
         })?;
     }
-    let local_test_accuracy = accuracy(&model, &data.test, &device)?;
+    let local = evaluate(&model, &data.test, &device)?;
     let params = flatten_params(&model, &ParamSelection::All)
         .map_err(RunError::Comm)?
         .buffer;
     let averaged = average_model(model, &group)?;
-    let test_accuracy = accuracy(&averaged, &data.test, &device)?;
+    let world = evaluate(&averaged, &data.test, &device)?;
     Ok(WorkerResult {
         rank,
         iterations: pipeline.iteration(),
         skipped_steps: pipeline.skipped_steps(),
-        test_accuracy,
-        local_test_accuracy,
+        test_accuracy: world.accuracy,
+        local_test_accuracy: local.accuracy,
+        test_loss: world.loss,
+        local_test_loss: local.loss,
         last_global_loss: last_global,
         traffic,
         phase_times: *pipeline.phase_times(),

@@ -482,6 +482,15 @@ fn eval_every_writes_eval_csv_at_multiples_and_the_end() {
         serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
     let last: f64 = rows[2][2].parse().unwrap();
     assert_eq!(last, summary["rank0_test_accuracy"].as_f64().unwrap());
+    // Every rank's own model: rank 0's entry is the same model as rank0_test_accuracy.
+    let ranks = summary["ranks"].as_array().unwrap();
+    assert_eq!(ranks.len(), 2);
+    assert_eq!(ranks[0]["test_accuracy"], summary["rank0_test_accuracy"]);
+    assert!(
+        ranks
+            .iter()
+            .all(|r| r["test_loss"].as_f64().is_some_and(f64::is_finite))
+    );
 }
 
 /// `localsgd plan`'s schedule against the comm layer's own counters: every iteration's payload

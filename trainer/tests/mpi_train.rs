@@ -82,6 +82,11 @@ fn two_mpi_ranks_equal_two_threads_bit_for_bit() {
         summary(threads.path())["bytes"],
         summary(mpi.path())["bytes"]
     );
+    // Every rank's own model's test accuracy and loss, gathered to rank 0 under MPI, equal the
+    // thread run's (the same parameters).
+    let ranks = summary(mpi.path())["ranks"].clone();
+    assert_eq!(ranks.as_array().map(Vec::len), Some(2), "{ranks}");
+    assert_eq!(summary(threads.path())["ranks"], ranks);
 }
 
 /// With 4 ranks MPI may add the four contributions in another order than the thread backend
