@@ -26,7 +26,13 @@ fn temp_path(path: &Path) -> PathBuf {
 /// Write `bytes` to `path` atomically: into a temporary file in the same directory, synced,
 /// then renamed over `path`, and the directory synced (so the rename itself survives a power
 /// cut where the file system allows it).
+///
+/// A target that exists and is not a regular file (`/dev/stdout`, a FIFO, a symbolic link) is
+/// written in place instead: renaming over it would replace the device or the link.
 pub fn write_atomic(path: &Path, bytes: impl AsRef<[u8]>) -> std::io::Result<()> {
+    if fs::symlink_metadata(path).is_ok_and(|m| !m.file_type().is_file()) {
+        return fs::write(path, bytes);
+    }
     let tmp = temp_path(path);
     let result = (|| {
         let mut f = File::create(&tmp)?;
@@ -46,9 +52,11 @@ pub fn write_atomic(path: &Path, bytes: impl AsRef<[u8]>) -> std::io::Result<()>
 /// Sync the directory holding `path`, where the platform can (a rename is durable once its
 /// directory is). Best effort: some file systems refuse to sync a directory.
 pub(crate) fn sync_parent(path: &Path) {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
-        && let Ok(d) = File::open(dir)
-    {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if let Ok(d) = File::open(dir) {
         let _ = d.sync_all();
     }
 }
@@ -69,6 +77,24 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names, vec![std::ffi::OsString::from("plot.svg")]);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_symbolic_link_is_written_through_not_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("target.json");
+        let link = dir.path().join("link.json");
+        fs::write(&target, "old").unwrap();
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        write_atomic(&link, "new").unwrap();
+        assert!(
+            fs::symlink_metadata(&link)
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+        assert_eq!(fs::read_to_string(&target).unwrap(), "new");
     }
 
     #[test]

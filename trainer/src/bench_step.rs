@@ -2,14 +2,24 @@
 //! forward, loss (read back, as the pipeline does), backward, optimizer step — on the model, data
 //! and batch size of a run's settings, with no pipeline and no communication. It is the
 //! compute term of `localsgd plan` and the "bare burn" column of the benchmark matrix.
+//!
+//! Apart from the step's clock it also times what a gradient all-reduce costs this rank besides
+//! the wire: the gradients flattened into one buffer, averaged over a one-rank thread group
+//! (the mean's division and the backend's own pass over the buffer) and written back — the
+//! reducer's blocking path with nobody to wait for — as `copy_ms`: the per-byte cost term of
+//! `localsgd plan` (`--copy-gbps`). (A one-rank DDP run no longer measures it: its mean is the
+//! identity and skips all of this.)
 
 use anyhow::{Context, Result, bail};
 use burn::optim::GradientsParams;
 use burn::tensor::Device;
+use localsgd_comm::params::{FlatBuffer, ParamSelection, flatten_grads, grads_from_flat};
+use localsgd_comm::{Group, GroupExt, ThreadWorld};
 use localsgd_trainer::cli::ConfigFlags;
 use localsgd_trainer::init_weights::load_pytorch_safetensors;
 use localsgd_trainer::run;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Flags of `localsgd bench-step`.
@@ -48,7 +58,15 @@ pub(crate) fn run(flags: &BenchStepFlags) -> Result<()> {
     let n = data.train.len();
     let per_epoch = (n / cfg.batch_size).max(1);
     let mut optim = run::optimizer(&cfg);
+    // A one-rank group (its handle used on this thread alone).
+    let alone: Group = Arc::new(
+        ThreadWorld::new(1)?
+            .groups()
+            .pop()
+            .context("a one-rank thread world has one group")?,
+    );
     let mut times = Vec::with_capacity(flags.iters);
+    let mut copies = Vec::with_capacity(flags.iters);
     for it in 0..flags.warmup_iters + flags.iters {
         // Consecutive batches through the whole training set, as training sees them, built
         // outside the clock.
@@ -61,17 +79,35 @@ pub(crate) fn run(flags: &BenchStepFlags) -> Result<()> {
         let l = run::loss(&model, batch);
         let _value = l.clone().into_scalar::<f32>();
         let grads = GradientsParams::from_grads(l.backward(), &model);
+        let computed = started.elapsed();
+        // The reducer's copies around a collective, on the clock of their own.
+        let copy_started = Instant::now();
+        let mut flat = flatten_grads(&model, &grads, &ParamSelection::All)?;
+        match &mut flat.buffer {
+            FlatBuffer::F32(v) => alone.average_slice(v)?,
+            FlatBuffer::F64(v) => alone.average_slice(v)?,
+        }
+        let grads = grads_from_flat(&model, &flat)?;
+        let copied = copy_started.elapsed();
+        let step_started = Instant::now();
         model = optim.step(cfg.lr, model, grads);
         if it >= flags.warmup_iters {
-            times.push(started.elapsed().as_secs_f64() * 1e3);
+            times.push((computed + step_started.elapsed()).as_secs_f64() * 1e3);
+            copies.push(copied.as_secs_f64() * 1e3);
         }
     }
-    let mut sorted = times.clone();
-    sorted.sort_by(f64::total_cmp);
-    let median = sorted[sorted.len() / 2];
+    let median_of = |v: &[f64]| {
+        let mut sorted = v.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        sorted[sorted.len() / 2]
+    };
+    let median = median_of(&times);
     let mean = times.iter().sum::<f64>() / times.len() as f64;
+    let copy_ms = median_of(&copies);
+    // Gradient bytes per second of that handling: `localsgd plan --copy-gbps`.
+    let copy_gbps = 4.0 * params as f64 / (copy_ms * 1e-3) / 1e9;
     println!(
-        "bare burn step: {params} parameters, batch {}: median {median:.3} ms, mean {mean:.3} ms over {} iterations",
+        "bare burn step: {params} parameters, batch {}: median {median:.3} ms, mean {mean:.3} ms over {} iterations; gradient flatten + one-rank mean + write-back {copy_ms:.3} ms ({copy_gbps:.2} GB/s of gradients, `plan --copy-gbps`)",
         cfg.batch_size, flags.iters
     );
     if let Some(path) = &flags.json {
@@ -82,6 +118,8 @@ pub(crate) fn run(flags: &BenchStepFlags) -> Result<()> {
             "iters": flags.iters,
             "median_ms": median,
             "mean_ms": mean,
+            "copy_ms": copy_ms,
+            "copy_gbps": copy_gbps,
             "rayon_num_threads": std::env::var("RAYON_NUM_THREADS").ok(),
         });
         localsgd_trainer::atomic::write_atomic(path, format!("{out:#}\n"))

@@ -376,6 +376,12 @@ impl RankCheckpoint {
             parts.push(&rest[..len]);
             rest = &rest[len..];
         }
+        if !rest.is_empty() {
+            return Err(corrupt(&format!(
+                "{} bytes after the last part",
+                rest.len()
+            )));
+        }
         let meta: RankMeta =
             serde_json::from_slice(parts[0]).map_err(|e| corrupt(&e.to_string()))?;
         let params = from_le_bytes(&meta.param_dtype, parts[1])

