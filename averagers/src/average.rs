@@ -1,4 +1,4 @@
-//! Section 1 of the spec: average the selected parameters of a module within a group, with one
+//! Semantics §1 (the book): average the selected parameters of a module within a group, with one
 //! fused all-reduce.
 
 use crate::error::{AveragerError, RankParams};

@@ -1,4 +1,4 @@
-//! Section 3 of the spec: several averaging levels, e.g. "every 2 steps within pairs of ranks,
+//! Semantics §3 (the book): several averaging levels, e.g. "every 2 steps within pairs of ranks,
 //! every 8 steps over everyone".
 
 use crate::averager::{ModelAverager, check_state_config};

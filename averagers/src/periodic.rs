@@ -1,4 +1,4 @@
-//! Section 2 of the spec: average over one group every `period` steps after a warmup.
+//! Semantics §2 (the book): average over one group every `period` steps after a warmup.
 
 use crate::averager::{ModelAverager, check_state_config};
 use crate::error::AveragerError;

@@ -1,4 +1,4 @@
-//! Section 1: `average_in_group` on real burn modules — spec vectors V1–V4, one fused all-reduce,
+//! Section 1: `average_in_group` on real burn modules — vectors V1–V4 (semantics §10), one fused all-reduce,
 //! any module shape, ids/dtypes kept.
 
 mod common;

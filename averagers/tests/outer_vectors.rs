@@ -1,6 +1,6 @@
-//! The outer-optimizer spec's test vectors (`outer-optimizers.md` §5) and equivalences (§2.5):
+//! The outer-optimizer test vectors and equivalences E1-E10 (the book's semantics §10):
 //! R = 4 replicas, scalar `w`, loss `(w − r)²/2`, inner SGD lr 0.1, `w0 = 1`, sync after steps
-//! 3, 6, 9, 12. Values are the spec's (its numpy oracle, cross-checked with torchft, fairscale
+//! 3, 6, 9, 12. Values are the reference's (a float64 numpy oracle, cross-checked with torchft, fairscale
 //! and `torch.optim.SGD`).
 
 use burn::module::{Module, Param};
@@ -183,7 +183,7 @@ fn v2_diloco_nesterov_theta_and_momentum_buffer() {
             assert!((got - want).abs() <= 1e-12 * want.abs(), "{got} vs {want}");
         }
     }
-    // f32 within the spec's 1e-6.
+    // f32 within the reference's 1e-6.
     let r = run(
         12,
         DType::F32,
@@ -413,7 +413,7 @@ fn hierarchical_lower_levels_average_and_the_top_level_takes_the_outer_step() {
 #[test]
 fn theta_is_refreshed_at_the_end_of_the_warmup() {
     // Two synchronous warm-up steps towards the consensus 1.5 (what DDP would do on the mean
-    // loss), then DiLoCo(3) with Nesterov. Reference, spec §1: θ = w after the warm-up.
+    // loss), then DiLoCo(3) with Nesterov. Reference, semantics §8.1: θ = w after the warm-up.
     let out = ThreadWorld::new(4)
         .expect("world")
         .run(|world| {

@@ -1,4 +1,4 @@
-//! Streaming DiLoCo against the spec's vector V8 (`outer-optimizers.md` §5, the per-event data
+//! Streaming DiLoCo against the outer-optimizer vector V8 (semantics §10, the per-event data
 //! of its numpy oracle, which matches the real torchft to 6.7e-16, copied to
 //! `tests/data/outer_v8.json`): 4 replicas, a coordinate `a` with target `r` and `b` with target
 //! `2r`, fragments `[a]` and `[b]`, `sync_every` 4, Nesterov(0.7, 0.9) per fragment, inner SGD
@@ -195,7 +195,7 @@ fn v8_fragments_synced_in_turn_with_delay_and_mixing() {
 
 /// torchft's `train_diloco.py` hands one outer optimizer to all fragments; inside the inner
 /// optimizer's post-hook the other fragments still hold their inner gradients, so they take a
-/// raw outer step too (spec §2.4.5). The real torchft then ends at θ = (0.7461572195,
+/// raw outer step too (semantics §8.5). The real torchft then ends at θ = (0.7461572195,
 /// −2.2099003105), and replica 3's b jumps to 7.935 at step 2. One state per fragment must not.
 #[test]
 fn the_shared_outer_optimizer_hazard_is_not_reproduced() {

@@ -114,7 +114,7 @@ pub trait GroupExt: ProcessGroup {
         self.broadcast(T::buffer(buf), root)
     }
     /// Average a typed slice the way the reference does: divide by the group size first, then
-    /// sum (the spec's rounding: `flat /= size; all_reduce_sum(flat)`).
+    /// sum (the rounding of the book's semantics §1: `flat /= size; all_reduce_sum(flat)`).
     fn average_slice<T: Element>(&self, buf: &mut [T]) -> Result<(), CommError> {
         let n = self.size();
         for x in buf.iter_mut() {

@@ -23,7 +23,7 @@ pub enum ParamSelection {
 }
 
 impl ParamSelection {
-    /// The parameters of `module` that have a gradient in `grads` (the spec's "params with
+    /// The parameters of `module` that have a gradient in `grads` (semantics §1's "params with
     /// grads": frozen and unused parameters are left out).
     pub fn with_grads<M: Module>(module: &M, grads: &GradientsParams) -> Self {
         struct V<'a> {

@@ -1,5 +1,5 @@
 //! Correctness of all-reduce, broadcast, all-gather and barrier on the thread backend, for many
-//! lengths and worker counts, and the spec's vectors V1 and V2.
+//! lengths and worker counts, and vectors V1 and V2 (the book's semantics §10).
 
 use localsgd_comm::{CommError, GroupExt, ReduceOp, ThreadWorld};
 
@@ -69,7 +69,7 @@ fn all_reduce_f64_and_half() {
         })
         .unwrap();
     for (d, h) in out {
-        // Spec V3: f64 -> 1.6; f16 -> 1.599609375 (divide-then-sum rounding).
+        // Semantics V3: f64 -> 1.6; f16 -> 1.599609375 (divide-then-sum rounding).
         assert!((d - 1.6).abs() < 1e-12, "{d}");
         assert_eq!(h, 1.599609375);
     }

@@ -58,7 +58,7 @@ fn four_ranks_pass_every_check_with_signature_checks() {
     );
     for name in [
         "all_reduce f32 sum",
-        "average f16 spec V3 (1.599609375)",
+        "average f16 semantics V3 (1.599609375)",
         "max f16",
         "all_reduce 1M bit-identical",
         "broadcast invalid root",

@@ -1,4 +1,4 @@
-//! Subgroup layouts and the spec's validation messages.
+//! Subgroup layouts and the validation messages of the book's semantics §3.
 
 use localsgd_comm::{CommError, GroupExt, ReduceOp, ThreadWorld};
 

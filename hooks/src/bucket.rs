@@ -99,7 +99,7 @@ impl BucketData {
         })
     }
 
-    /// Divide by `group.size()`, then all-reduce-sum over `group`: the spec's mean, with its
+    /// Divide by `group.size()`, then all-reduce-sum over `group`: the mean of the book's semantics §1, with its
     /// rounding, in this buffer's precision.
     pub fn average_over(&mut self, group: &Group) -> Result<(), HookError> {
         match self {

@@ -1,4 +1,4 @@
-//! Spec vector V14: the post-local SGD hook on 4 ranks, local gradient = rank, 15 iterations
+//! Vector V14 (the book's semantics §10): the post-local SGD hook on 4 ranks, local gradient = rank, 15 iterations
 //! (one bucket per iteration), plus a multi-bucket model that must count iterations, not buckets.
 
 use burn::module::Module;

@@ -208,7 +208,7 @@ pub fn build(spec: &AlgorithmSpec, world: &Group) -> Result<AlgorithmParts, Pipe
                     spec.kind.name()
                 ))
             })?;
-            // Without levels: sync after every `period` local steps (the spec's cadence).
+            // Without levels: sync after every `period` local steps (the cadence of the book's semantics §8.1).
             // With levels: the lower levels average plainly, the whole-world level steps.
             let averager = if let Some(streaming) = outer.streaming {
                 // Streaming DiLoCo: `period` is its sync_every.

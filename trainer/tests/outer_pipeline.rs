@@ -1,8 +1,8 @@
 //! DiLoCo and SlowMo through the whole pipeline (`algorithm::build`, the post-local SGD hook's
 //! warmup, θ taken before the first optimizer step, SlowMo's inner learning rate from the
-//! scheduler) on the spec's scalar problem: 4 ranks, `loss_r = ½(w − r)²`, inner SGD lr 0.1,
+//! scheduler) on the scalar problem of the book's semantics §10: 4 ranks, `loss_r = ½(w − r)²`, inner SGD lr 0.1,
 //! `w0 = 1`, a sync after every 3 local steps. Expected values are the vectors of
-//! `../shared/spec/outer-optimizers.md` §5 (V2, V5c, V6), f64, rtol 1e-12.
+//! the outer-optimizer vectors V2, V5c and V6 (semantics §10), f64, rtol 1e-12.
 
 use burn::module::{Module, Param};
 use burn::optim::lr_scheduler::module_lr_scheduler::ModuleLrScheduler;
@@ -234,8 +234,8 @@ fn slowmo_follows_the_scheduled_inner_learning_rate_vector_v6() {
 }
 
 /// With a warmup of W steps of gradient all-reduce (the post-local SGD hook), θ is the model
-/// after step W and the first sync comes H local steps later (spec §7 item 3). Expected values
-/// from the spec's formulas: during the warmup every rank steps on the mean gradient
+/// after step W and the first sync comes H local steps later (semantics §8.1). Expected values
+/// from the formulas of semantics §8: during the warmup every rank steps on the mean gradient
 /// `w − 1.5`; then the V2 round from that point.
 #[test]
 fn diloco_takes_theta_at_the_end_of_the_warmup() {
@@ -249,7 +249,7 @@ fn diloco_takes_theta_at_the_end_of_the_warmup() {
         2 + 6,
         None,
     );
-    // Reference: scalar torch-SGD arithmetic of spec §1 (mean of deltas, Nesterov 0.7/0.9).
+    // Reference: scalar torch-SGD arithmetic of semantics §8.2-8.3 (mean of deltas, Nesterov 0.7/0.9).
     let mut w = 1.0f64;
     for _ in 0..warmup {
         w -= 0.1 * (w - 1.5);
@@ -287,7 +287,7 @@ fn diloco_takes_theta_at_the_end_of_the_warmup() {
             );
         }
     }
-    // Mean of deltas is what the spec builds this reference with.
+    // Mean of deltas is what the outer-optimizer reference (semantics §10) is built with.
     assert_eq!(
         OuterOptimizer::from(OuterSgdConfig::diloco()).default_reduce(),
         PseudoGradient::MeanOfDeltas

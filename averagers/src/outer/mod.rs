@@ -1,4 +1,4 @@
-//! Outer-optimizer model averaging (`../shared/spec/outer-optimizers.md`): DiLoCo, SlowMo and
+//! Outer-optimizer model averaging (the book's semantics §8): DiLoCo, SlowMo and
 //! Streaming DiLoCo.
 //!
 //! Instead of replacing every replica by the average, an [`OuterAverager`] keeps the global
@@ -20,7 +20,7 @@
 //! The schedule is any [`ModelAverager`] without overlap: the outer step runs on the steps where
 //! it averages over the whole group; steps where it averages a smaller group (the lower levels of
 //! a [`HierarchicalModelAverager`](crate::HierarchicalModelAverager)) stay plain averaging.
-//! [`OuterAverager::periodic`] builds the spec's cadence: after a warm-up of `W` steps, sync
+//! [`OuterAverager::periodic`] builds the cadence of semantics §8.1: after a warm-up of `W` steps, sync
 //! after local steps `H, 2H, ...` (0-based steps `W+H−1, W+2H−1, ...`).
 //!
 //! `θ` is taken by [`OuterAverager::reset_global`] (call it before the first optimizer step,
@@ -36,7 +36,7 @@
 //!   bf16.
 //!
 //! Four workers (threads) with targets 0..3 fit `w` by SGD; DiLoCo syncs every 3 steps. The
-//! numbers are the spec's vector V2:
+//! numbers are the outer-optimizer vector V2 (semantics §10):
 //!
 //! ```
 //! use burn::module::{Module, Param};
@@ -103,7 +103,7 @@ use serde::{Deserialize, Serialize};
 use sgd::{Real, slow_step, type_name};
 use streaming::{Cadence, StreamingSchedule};
 
-/// How the pseudo-gradient is reduced over the group (spec §1.1). Equal in exact arithmetic,
+/// How the pseudo-gradient is reduced over the group (semantics §8.2). Equal in exact arithmetic,
 /// they round differently (bitwise equal on dyadic data, vector V9).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -283,7 +283,7 @@ impl OuterAverager {
         })
     }
 
-    /// The spec's cadence: `warmup` steps of synchronous training (0-based steps
+    /// The cadence of semantics §8.1: `warmup` steps of synchronous training (0-based steps
     /// `0..warmup`, e.g. the post-local SGD hook's), then a sync over `world` after every
     /// `period` local steps, i.e. at steps `warmup + period − 1`, `warmup + 2·period − 1`, ...
     /// (`PeriodicModelAverager(period, warmup + period − 1)`); `θ` is refreshed after step
@@ -309,9 +309,9 @@ impl OuterAverager {
         Ok(Self::new(Box::new(schedule), optimizer, world)?.with_local_start(warmup))
     }
 
-    /// Streaming DiLoCo (torchft's `DiLoCo` with fragments, spec §2.4) with `optimizer` as
+    /// Streaming DiLoCo (torchft's `DiLoCo` with fragments, semantics §8.4) with `optimizer` as
     /// every fragment's own outer optimizer (one state per fragment: torchft's shared-optimizer
-    /// hazard §2.4.5 cannot happen). After `warmup` synchronous steps (`θ` refreshed after step
+    /// hazard of semantics §8.5 cannot happen). After `warmup` synchronous steps (`θ` refreshed after step
     /// `warmup − 1`), local step `L = (step − warmup) mod P + 1`, `P = sync_every / fragments`:
     ///
     /// - at `L = P − τ` the fragment `f = M mod F` (`M` the outer steps so far) measures

@@ -1,5 +1,5 @@
 //! The outer optimizer's arithmetic: `torch.optim.SGD` (single-tensor path) and fairscale's
-//! SlowMo slow step, on flat buffers (spec §1 and §2.2).
+//! SlowMo slow step, on flat buffers (the book's semantics §8.3).
 
 use crate::error::AveragerError;
 use localsgd_comm::params::FlatBuffer;

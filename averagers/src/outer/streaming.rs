@@ -1,5 +1,5 @@
 //! Streaming DiLoCo's settings and schedule (torchft's `DiLoCo` with several fragments,
-//! `fragment_sync_delay` and `fragment_update_alpha`; spec §2.4).
+//! `fragment_sync_delay` and `fragment_update_alpha`; semantics §8.4 in the book).
 
 use crate::averager::{ModelAverager, check_state_config};
 use crate::error::AveragerError;

@@ -5,7 +5,7 @@
 //! (the comm hook) → optimizer step (local) → model averaging → metrics → checkpoint. The sequence
 //! is run by [`Pipeline::run_iteration`] and nowhere else, so every rank issues the same
 //! collectives in the same order — averaging can never race with another collective the way an
-//! "average inside `optimizer.step()`" design can (spec section 5).
+//! "average inside `optimizer.step()`" design can (the book's semantics §5).
 
 mod error;
 mod phase;
