@@ -33,6 +33,7 @@ impl fmt::Display for RankParams {
 
 /// Everything that can go wrong when building an averager or averaging parameters.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum AveragerError {
     /// `warmup_steps` was negative.
     #[error("warmup_steps must be non-negative (got {0})")]

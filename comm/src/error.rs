@@ -7,6 +7,7 @@ use std::time::Duration;
 /// Every variant names the ranks involved (as *world* ranks) so a user reading a log from one rank
 /// knows which peer to look at.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum CommError {
     /// A peer panicked, dropped its group handle, or (MPI/NCCL) died, so the collective cannot
     /// complete.

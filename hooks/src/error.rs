@@ -4,6 +4,7 @@ use localsgd_comm::CommError;
 
 /// Everything that can go wrong while communicating gradients.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum HookError {
     /// A collective (or the parameter flattening glue) failed.
     #[error(transparent)]

@@ -10,6 +10,7 @@ pub use localsgd_trainer::pipeline::BufferPolicy;
 
 /// Why a [`StrategyConfig`] cannot run.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StrategyError {
     /// A setting is invalid: the message names it, the value and what would be valid.
     #[error("{0}")]

@@ -43,6 +43,7 @@ const FORMAT: u32 = 4;
 
 /// Checkpoint failures, naming the file involved.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum CheckpointError {
     /// File system error.
     #[error("checkpoint I/O on {path}: {source}")]

@@ -46,6 +46,7 @@ use crate::model::{Mlp, MlpConfig, ModelError, linear_from_pytorch};
 
 /// Everything that can go wrong loading or saving PyTorch safetensors weights.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum InitWeightsError {
     /// The file could not be read or written.
     #[error("{path}: {source}")]

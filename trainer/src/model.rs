@@ -33,6 +33,7 @@ pub struct MlpConfig {
 
 /// An invalid [`MlpConfig`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ModelError {
     /// A layer width is zero.
     #[error("MLP widths {widths:?}: width {position} is 0; every width must be at least 1")]

@@ -38,6 +38,7 @@ pub const MODEL_FILE: &str = "model.safetensors";
 
 /// Why a run failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RunError {
     /// Loading data failed.
     #[error("data: {0}")]

@@ -13,6 +13,7 @@ const HEADER: &str = include_str!("../../tests/stand_in/stand_in.h");
 
 /// Why the stand-ins could not be built.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StandInError {
     /// A file or directory could not be written.
     #[error("{what} {}: {source}", path.display())]

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 /// Everything that can go wrong while loading, generating, sharding or batching data.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum DataError {
     /// A dataset was built from inconsistent parts.
     #[error("invalid dataset: {0}")]

@@ -6,6 +6,7 @@ use localsgd_hooks::HookError;
 
 /// Everything that can stop a training iteration.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum PipelineError {
     /// A collective failed (peer died, timeout, mismatch).
     #[error("communication failed in phase {phase}: {source}")]
