@@ -52,6 +52,53 @@ pub struct PendingAverage {
     pub average: FlatBuffer,
 }
 
+impl PendingAverage {
+    /// Apply this average to `module` as its completion step does: `x <- a + (x - s)` on the
+    /// recorded parameters, element by element. For tools that finish a run offline (exporting
+    /// a checkpoint's final model); a training run applies it through its averager.
+    pub fn apply<M: Module>(&self, module: M) -> Result<M, AveragerError> {
+        apply_average(
+            module,
+            self.started_at,
+            &self.indices,
+            &self.snapshot,
+            &self.average,
+        )
+    }
+}
+
+/// `x <- a + (x - s)` on the parameters of `module` at `indices`.
+fn apply_average<M: Module>(
+    module: M,
+    started_at: u64,
+    indices: &[usize],
+    snapshot: &FlatBuffer,
+    average: &FlatBuffer,
+) -> Result<M, AveragerError> {
+    let mut current = flatten_params(&module, &selection_of_indices(&module, indices))?;
+    match (snapshot, average, &mut current.buffer) {
+        (FlatBuffer::F32(s), FlatBuffer::F32(a), FlatBuffer::F32(x))
+            if x.len() == s.len() && a.len() == s.len() =>
+        {
+            mix(a, x, s)
+        }
+        (FlatBuffer::F64(s), FlatBuffer::F64(a), FlatBuffer::F64(x))
+            if x.len() == s.len() && a.len() == s.len() =>
+        {
+            mix(a, x, s)
+        }
+        _ => {
+            return Err(AveragerError::Overlap(format!(
+                "the average started at step {started_at} covers {} elements; the module's \
+                 parameters {indices:?} now have {} (of another type or length)",
+                snapshot.len(),
+                current.buffer.len()
+            )));
+        }
+    }
+    Ok(write_params(module, &current)?)
+}
+
 enum Transfer {
     F32(Pending<f32>),
     F64(Pending<f64>),
@@ -214,28 +261,10 @@ impl Overlap {
             return Ok(module);
         };
         let average = p.transfer.into_ready()?;
-        let mut current = flatten_params(&module, &selection_of_indices(&module, &p.indices))?;
-        match (&p.snapshot, &average, &mut current.buffer) {
-            (FlatBuffer::F32(s), FlatBuffer::F32(a), FlatBuffer::F32(x)) if x.len() == s.len() => {
-                mix(a, x, s)
-            }
-            (FlatBuffer::F64(s), FlatBuffer::F64(a), FlatBuffer::F64(x)) if x.len() == s.len() => {
-                mix(a, x, s)
-            }
-            _ => {
-                return Err(AveragerError::Overlap(format!(
-                    "the average started at step {} covers {} elements; the module's parameters \
-                     {:?} now have {} (of another type or length)",
-                    p.started_at,
-                    p.snapshot.len(),
-                    p.indices,
-                    current.buffer.len()
-                )));
-            }
-        }
+        let module = apply_average(module, p.started_at, &p.indices, &p.snapshot, &average)?;
         // The average's buffer carries the next transfer (no fresh model-size allocation).
         self.spare = Some(average);
-        Ok(write_params(module, &current)?)
+        Ok(module)
     }
 
     /// Start averaging `selection`'s parameters of `module` over `group` at `step`.

@@ -257,23 +257,7 @@ impl RankCheckpoint {
         model: M,
         optimizer: ModuleOptimizer,
     ) -> Result<(M, ModuleOptimizer), CheckpointError> {
-        let model = model.map(&mut SetIds {
-            ids: &self.meta.param_ids,
-            next: 0,
-        });
-        let layout = FlatLayout::of(&model, &ParamSelection::All);
-        let shapes: Vec<Vec<usize>> = layout.entries.iter().map(|e| e.shape.clone()).collect();
-        if shapes != self.meta.param_shapes {
-            return Err(CheckpointError::Incompatible(format!(
-                "the model's parameter shapes {shapes:?} differ from the checkpoint's {:?}",
-                self.meta.param_shapes
-            )));
-        }
-        let flat = FlatParams {
-            layout,
-            buffer: self.params.clone(),
-        };
-        let model = write_params(model, &flat).map_err(|e| CheckpointError::Data(e.to_string()))?;
+        let model = self.restore_params(model)?;
         // burn's record decoder panics on some damaged records ("Optimizer record tensors should
         // carry a parameter id"); the file's CRC-32 catches damage on disk, this catches a file
         // rewritten with a valid checksum.
@@ -293,6 +277,30 @@ impl RankCheckpoint {
         let optimizer =
             decoded.map_err(|e| CheckpointError::Data(format!("optimizer record: {e:?}")))?;
         Ok((model, optimizer))
+    }
+
+    /// Put the saved parameters (with their saved `ParamId`s) into `model`, without the
+    /// optimizer (for reading a run's models: `localsgd export`). Fails if the model's shapes
+    /// differ from the checkpoint's.
+    pub fn restore_params<M: Module>(&self, model: M) -> Result<M, CheckpointError> {
+        let model = model.map(&mut SetIds {
+            ids: &self.meta.param_ids,
+            next: 0,
+        });
+        let layout = FlatLayout::of(&model, &ParamSelection::All);
+        let shapes: Vec<Vec<usize>> = layout.entries.iter().map(|e| e.shape.clone()).collect();
+        if shapes != self.meta.param_shapes {
+            return Err(CheckpointError::Incompatible(format!(
+                "the model's parameter shapes {shapes:?} differ from the checkpoint's {:?}",
+                self.meta.param_shapes
+            )));
+        }
+        let flat = FlatParams {
+            layout,
+            buffer: self.params.clone(),
+        };
+        let model = write_params(model, &flat).map_err(|e| CheckpointError::Data(e.to_string()))?;
+        Ok(model)
     }
 
     fn encode(&self) -> Result<Vec<u8>, CheckpointError> {
@@ -554,9 +562,17 @@ impl CheckpointDir {
     /// this identity (world size and algorithm). Reads only the manifest: the binary calls it
     /// before it writes anything into a run directory it is asked to resume.
     pub fn check_latest(&self, identity: &RunIdentity) -> Result<PathBuf, CheckpointError> {
-        let dir = self.latest()?;
         // The manifest first: a run with more ranks than the checkpoint has rank files must get
         // the world-size message on every rank, not "file not found" on the extra ranks.
+        let (dir, saved) = self.latest_identity()?;
+        check_identity(&dir, &saved, identity)?;
+        Ok(dir)
+    }
+
+    /// The latest checkpoint directory and the identity its manifest records (world size and
+    /// algorithm settings), for tools that read a finished run (`localsgd export`).
+    pub fn latest_identity(&self) -> Result<(PathBuf, RunIdentity), CheckpointError> {
+        let dir = self.latest()?;
         let manifest_path = dir.join("manifest.json");
         let manifest = fs::read(&manifest_path).map_err(io(&manifest_path))?;
         let saved: RunIdentity = serde_json::from_slice::<serde_json::Value>(&manifest)
@@ -568,8 +584,7 @@ impl CheckpointDir {
                     manifest_path.display()
                 ))
             })?;
-        check_identity(&dir, &saved, identity)?;
-        Ok(dir)
+        Ok((dir, saved))
     }
 
     /// Load `rank`'s file from the latest checkpoint and check it belongs to a run with the same

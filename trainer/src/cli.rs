@@ -206,6 +206,12 @@ pub struct ConfigFlags {
     /// PyTorch safetensors file to initialize the model from.
     #[arg(long)]
     pub init_weights: Option<PathBuf>,
+    /// After training, write the world-averaged model (or --export-rank's) as PyTorch safetensors.
+    #[arg(long, value_name = "FILE")]
+    pub export: Option<PathBuf>,
+    /// Export this rank's own model instead of the world average.
+    #[arg(long, allow_negative_numbers = true)]
+    pub export_rank: Option<usize>,
     /// Collective timeout in seconds.
     #[arg(long, allow_negative_numbers = true)]
     pub timeout_secs: Option<u64>,
@@ -349,6 +355,12 @@ impl ConfigFlags {
         }
         if let Some(v) = &flags.init_weights {
             cfg.init_weights = Some(v.clone());
+        }
+        if let Some(v) = &flags.export {
+            cfg.export = Some(v.clone());
+        }
+        if let Some(v) = flags.export_rank {
+            cfg.export_rank = Some(v);
         }
         Ok(cfg)
     }

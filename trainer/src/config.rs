@@ -362,6 +362,12 @@ pub struct TrainConfig {
     /// Initialize the model from a PyTorch safetensors file (MLP: `fc1.weight` [out, in],
     /// `fc1.bias`, ...; CNN: `convs.0.weight`, `norms.0.running_mean`, ..., `head.weight`).
     pub init_weights: Option<PathBuf>,
+    /// After training, write the world-averaged model (or `export-rank`'s own model) to this
+    /// file: safetensors with the PyTorch twin's `state_dict` names and layout, which
+    /// `torch.nn.Module.load_state_dict` loads (see `localsgd export` for a finished run).
+    pub export: Option<PathBuf>,
+    /// Export this rank's own model instead of the world average (needs `export`).
+    pub export_rank: Option<usize>,
     /// Seconds a collective may wait for its peers before failing.
     pub timeout_secs: u64,
     /// Skip optimizer steps whose gradients are not finite (averaging still runs).
@@ -434,6 +440,8 @@ impl Default for TrainConfig {
             run_dir: PathBuf::from("runs/latest"),
             resume: false,
             init_weights: None,
+            export: None,
+            export_rank: None,
             timeout_secs: 300,
             skip_non_finite: false,
             flush_denormals: false,
@@ -974,6 +982,25 @@ impl TrainConfig {
                 "an existing safetensors file",
             ));
         }
+        if let Some(p) = &self.export {
+            check_export_path(p)?;
+        }
+        if let Some(r) = self.export_rank {
+            if self.export.is_none() {
+                return Err(bad(
+                    "export-rank",
+                    r,
+                    "unset, or set together with `export` (the file to write)",
+                ));
+            }
+            if r >= self.workers {
+                return Err(bad(
+                    "export-rank",
+                    r,
+                    format!("a rank below `workers` = {}", self.workers),
+                ));
+            }
+        }
         if self.compression != Compression::None && self.algorithm == AlgorithmKind::LocalSgd {
             return Err(bad(
                 "compression",
@@ -983,4 +1010,31 @@ impl TrainConfig {
         }
         Ok(())
     }
+}
+
+/// The rule for an export file (`export` and `localsgd export`): a file name in an existing
+/// directory, not a directory itself.
+pub fn check_export_path(path: &Path) -> Result<(), ConfigError> {
+    if path.is_dir() {
+        return Err(bad(
+            "export",
+            path.display(),
+            "a file to write, not a directory",
+        ));
+    }
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    if !parent.is_dir() {
+        return Err(bad(
+            "export",
+            path.display(),
+            format!(
+                "a file in an existing directory ({} does not exist)",
+                parent.display()
+            ),
+        ));
+    }
+    Ok(())
 }

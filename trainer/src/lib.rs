@@ -16,6 +16,7 @@ pub mod cnn;
 pub mod config;
 pub mod data;
 pub mod denormals;
+pub mod export;
 pub mod fault;
 pub mod init_weights;
 pub mod limits;

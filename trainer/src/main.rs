@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 use localsgd_trainer::checkpoint::CheckpointDir;
 use localsgd_trainer::cli::ConfigFlags;
 use localsgd_trainer::config::{AlgorithmKind, Backend, TrainConfig};
+use localsgd_trainer::export::{ExportChoice, export_run};
 use localsgd_trainer::plot::write_loss_svg;
 use localsgd_trainer::run::{self, Progress, RunTotals, WorkerResult};
 use std::path::{Path, PathBuf};
@@ -33,6 +34,20 @@ enum Command {
     BenchStep(bench_step::BenchStepFlags),
     /// Predict time and bytes per iteration of each algorithm on a layout and link (cost model).
     Plan(plan_cmd::PlanFlags),
+    /// Write a run's trained model (world-averaged, or one rank's) as PyTorch safetensors.
+    Export(ExportFlags),
+}
+
+/// `localsgd export RUN_DIR FILE [--rank R]`.
+#[derive(clap::Args)]
+struct ExportFlags {
+    /// A run directory written by `localsgd train` (config.toml and checkpoints/).
+    run_dir: PathBuf,
+    /// The safetensors file to write (PyTorch `state_dict` names and layout).
+    file: PathBuf,
+    /// Export this rank's own model instead of the world average.
+    #[arg(long, allow_negative_numbers = true)]
+    rank: Option<usize>,
 }
 
 mod bench_comm;
@@ -82,7 +97,25 @@ fn run_cli() -> Result<()> {
         Command::BenchComm(flags) => bench_comm::run(&flags),
         Command::BenchStep(flags) => bench_step::run(&flags),
         Command::Plan(flags) => plan_cmd::run(&flags),
+        Command::Export(flags) => export(&flags),
     }
+}
+
+fn export(flags: &ExportFlags) -> Result<()> {
+    let choice = match flags.rank {
+        Some(r) => ExportChoice::Rank(r),
+        None => ExportChoice::WorldAverage,
+    };
+    let done = export_run(&flags.run_dir, &flags.file, choice)?;
+    println!(
+        "exported {} of {} ranks after {} iterations (checkpoint {}) to {}",
+        done.choice,
+        done.world_size,
+        done.iterations,
+        done.checkpoint.display(),
+        flags.file.display()
+    );
+    Ok(())
 }
 
 /// The validated settings, with a backend this binary has.
@@ -250,6 +283,16 @@ fn report(
         "phase_seconds": r0.phase_times.iter().map(|(p, d)| (p.name().to_string(), serde_json::json!(d.as_secs_f64()))).collect::<serde_json::Map<_, _>>(),
     });
     localsgd_trainer::atomic::write_atomic(&dir.join("summary.json"), format!("{summary:#}\n"))?;
+    if let Some(path) = &cfg.export {
+        let choice = match cfg.export_rank {
+            Some(r) => ExportChoice::Rank(r),
+            None => ExportChoice::WorldAverage,
+        };
+        println!(
+            "exported {choice} to {} (PyTorch state_dict layout)",
+            path.display()
+        );
+    }
     println!(
         "run directory: {} (config.toml, metrics, loss.svg, summary.json, model.safetensors, checkpoints/)",
         dir.display()
@@ -283,6 +326,12 @@ fn compare(flags: &ConfigFlags) -> Result<()> {
         bail!(
             "invalid setting `backend` = {} for `compare`: it runs the algorithms one after another with thread workers in this process; drop the setting (or set `backend = \"threads\"`)",
             base.backend.name()
+        );
+    }
+    if let Some(path) = &base.export {
+        bail!(
+            "invalid setting `export` = {} for `compare`: it trains six models, one per algorithm; export one run's with `localsgd train --export FILE` or `localsgd export RUN_DIR FILE`",
+            path.display()
         );
     }
     let data = run::load_data(&base).context("loading the data set")?;

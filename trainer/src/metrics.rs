@@ -1,4 +1,5 @@
-//! Per-iteration metrics written by rank 0: loss, learning rate, phase times, communication.
+//! Per-iteration metrics, one file per rank (`metrics.csv` for rank 0, `metrics-rank{R}.csv`
+//! for the others): loss, learning rate, phase times, communication.
 
 use crate::atomic::write_atomic;
 use crate::config::MetricsFormat;
@@ -58,18 +59,31 @@ pub struct MetricsWriter {
 }
 
 impl MetricsWriter {
-    /// Create the metrics file in `run_dir`, or, when resuming a run whose checkpoint holds
-    /// `resume_done` iterations, continue it: rows of iterations `0..resume_done` are kept, later
-    /// ones (and a row torn by a kill) are dropped, so every iteration appears exactly once.
+    /// The name of `rank`'s metrics file: `metrics.csv` (`metrics.jsonl`) for rank 0, whose file
+    /// kept that name when the other ranks got theirs, and `metrics-rank{R}.csv` (`.jsonl`) for
+    /// rank `R >= 1`.
+    pub fn file_name(format: MetricsFormat, rank: usize) -> String {
+        let ext = match format {
+            MetricsFormat::Csv => "csv",
+            MetricsFormat::Jsonl => "jsonl",
+        };
+        match rank {
+            0 => format!("metrics.{ext}"),
+            r => format!("metrics-rank{r}.{ext}"),
+        }
+    }
+
+    /// Create `rank`'s metrics file in `run_dir` ([`file_name`](Self::file_name)), or, when
+    /// resuming a run whose checkpoint holds `resume_done` iterations, continue it: rows of
+    /// iterations `0..resume_done` are kept, later ones (and a row torn by a kill) are dropped,
+    /// so every iteration appears exactly once.
     pub fn create(
         run_dir: &Path,
         format: MetricsFormat,
+        rank: usize,
         resume_done: Option<u64>,
     ) -> std::io::Result<Self> {
-        let path = run_dir.join(match format {
-            MetricsFormat::Csv => "metrics.csv",
-            MetricsFormat::Jsonl => "metrics.jsonl",
-        });
+        let path = run_dir.join(Self::file_name(format, rank));
         let done = resume_done.unwrap_or(0);
         let keep = |line: &str| match format {
             MetricsFormat::Csv => csv_iteration(line).is_none_or(|i| i < done),
@@ -253,7 +267,7 @@ mod tests {
     fn resume_cuts_rows_back_to_the_checkpoint_and_drops_a_torn_row() {
         for format in [MetricsFormat::Csv, MetricsFormat::Jsonl] {
             let dir = tempfile::tempdir().unwrap();
-            let mut w = MetricsWriter::create(dir.path(), format, None).unwrap();
+            let mut w = MetricsWriter::create(dir.path(), format, 0, None).unwrap();
             for i in 0..6 {
                 w.record(0, 0.1, &report(i)).unwrap();
             }
@@ -264,7 +278,7 @@ mod tests {
             let torn = &full[..full.len() - 10];
             std::fs::write(&path, format!("{full}{torn}")).unwrap();
 
-            let mut w = MetricsWriter::create(dir.path(), format, Some(4)).unwrap();
+            let mut w = MetricsWriter::create(dir.path(), format, 0, Some(4)).unwrap();
             for i in 4..7 {
                 w.record(0, 0.1, &report(i)).unwrap();
             }

@@ -564,8 +564,8 @@ fn output_error(what: &'static str) -> impl Fn(std::io::Error) -> RunError {
 /// Progress callback: (iterations done, total iterations, last global loss).
 pub type Progress = Box<dyn FnMut(u64, u64, Option<f64>) + Send>;
 
-/// Run one rank of a training run. `run_dir` (checkpoints, metrics) is written by rank 0 only,
-/// except checkpoint rank files which every rank writes.
+/// Run one rank of a training run. `run_dir` is written by rank 0, except the checkpoint rank
+/// files and the per-rank metrics files ([`MetricsWriter::file_name`]), which every rank writes.
 pub fn train_worker(
     cfg: &TrainConfig,
     group: Group,
@@ -681,11 +681,17 @@ pub fn train_worker(
     let mut pipeline =
         pipeline.with_lr_scheduler(ModuleLrScheduler::new(lr_schedule(cfg, total).scheduler()));
 
-    let mut metrics = match (rank, run_dir) {
-        (0, Some(dir)) => Some(
-            MetricsWriter::create(dir, cfg.metrics_format, resume_done)
+    let mut metrics = match run_dir {
+        Some(dir) => Some(
+            MetricsWriter::create(dir, cfg.metrics_format, rank, resume_done)
                 .map_err(output_error("metrics"))?,
         ),
+        None => None,
+    };
+    // Rank 0 publishes a checkpoint once every rank's metrics rows up to it are synced; the
+    // ranks meet on a group of their own, so the barrier is not counted as training traffic.
+    let publish_sync = match (&ckpt_dir, cfg.checkpoint_every, world) {
+        (Some(_), every, w) if every > 0 && w > 1 => Some(group.dedicated()?),
         _ => None,
     };
 
@@ -717,16 +723,16 @@ pub fn train_worker(
                 if report.global_loss.is_some() {
                     last_global = report.global_loss;
                 }
+                if let Some(w) = &mut metrics {
+                    w.record(loader.epoch(), report.lr, &report)
+                        .map_err(output_error("metrics"))?;
+                }
+                let done = pipeline.iteration();
                 if rank == 0 {
                     curve.push((report.iteration as f64, report.loss as f64));
-                    if let Some(w) = &mut metrics {
-                        w.record(loader.epoch(), report.lr, &report)
-                            .map_err(output_error("metrics"))?;
-                    }
                     if let Some(p) = &mut progress {
-                        p(pipeline.iteration(), total, last_global);
+                        p(done, total, last_global);
                     }
-                    let done = pipeline.iteration();
                     if let Some(e) = &mut evals
                         && (done.is_multiple_of(cfg.eval_every) || done == total)
                     {
@@ -735,13 +741,18 @@ pub fn train_worker(
                         e.record(done, secs, acc)
                             .map_err(output_error("eval.csv"))?;
                     }
-                    // The checkpoint phase sealed a checkpoint of `done` iterations: make the
-                    // rows up to it durable, then let a resume take it.
-                    if let Some(dir) = &ckpt_dir
-                        && cfg.checkpoint_every > 0
-                        && done.is_multiple_of(cfg.checkpoint_every)
-                    {
-                        sync_run_files(&mut metrics, &mut evals)?;
+                }
+                // The checkpoint phase sealed a checkpoint of `done` iterations: make every
+                // rank's rows up to it durable, then let a resume take it.
+                if let Some(dir) = &ckpt_dir
+                    && cfg.checkpoint_every > 0
+                    && done.is_multiple_of(cfg.checkpoint_every)
+                {
+                    sync_run_files(&mut metrics, &mut evals)?;
+                    if let Some(g) = &publish_sync {
+                        g.barrier()?;
+                    }
+                    if rank == 0 {
                         dir.publish(done)?;
                     }
                 }
@@ -759,10 +770,11 @@ pub fn train_worker(
     let outer_state = pipeline.outer_state()?;
     let wall = started.elapsed();
     let traffic = group.traffic() - traffic_start;
-    if rank == 0 {
-        sync_run_files(&mut metrics, &mut evals)?;
-    }
-    // The final state is always saved when there is a run directory, so `resume` can continue.
+    sync_run_files(&mut metrics, &mut evals)?;
+    // The final state is always saved when there is a run directory, so `resume` can continue;
+    // buffers (BatchNorm's running statistics) with the last forward's update, as the
+    // checkpoint phase saves them.
+    let model = crate::pipeline::settle_if_buffers(model);
     if let Some(dir) = &ckpt_dir {
         let done = pipeline.iteration();
         let already = cfg.checkpoint_every > 0 && done.is_multiple_of(cfg.checkpoint_every);
@@ -794,11 +806,24 @@ pub fn train_worker(
             message: e.to_string(),
         })?;
     }
+    // `export` with `export-rank`: that rank writes its own model (on its host's file system).
+    if let Some(path) = &cfg.export
+        && cfg.export_rank == Some(rank)
+    {
+        export_model(&model, path)?;
+    }
     let local = evaluate(&model, &data.test, &device)?;
     let params = flatten_params(&model, &ParamSelection::All)
         .map_err(RunError::Comm)?
         .buffer;
     let averaged = average_model(model, &group)?;
+    // `export` alone: rank 0 writes the world average.
+    if let Some(path) = &cfg.export
+        && cfg.export_rank.is_none()
+        && rank == 0
+    {
+        export_model(&averaged, path)?;
+    }
     let world = evaluate(&averaged, &data.test, &device)?;
     Ok(WorkerResult {
         rank,
@@ -859,7 +884,16 @@ fn average_model(model: Classifier, group: &Group) -> Result<Classifier, RunErro
     Ok(write_params(model, &flat)?)
 }
 
-/// Sync rank 0's metrics and evaluation files (before a checkpoint is published).
+/// Write `model` to the `export` file (PyTorch layout, atomically; [`crate::export`]).
+fn export_model(model: &Classifier, path: &Path) -> Result<(), RunError> {
+    save_pytorch_safetensors(model, path).map_err(|e| RunError::Output {
+        what: "export".into(),
+        message: e.to_string(),
+    })
+}
+
+/// Sync this rank's metrics file and (rank 0) the evaluation file, before a checkpoint is
+/// published.
 fn sync_run_files(
     metrics: &mut Option<MetricsWriter>,
     evals: &mut Option<EvalWriter>,

@@ -135,10 +135,17 @@ fn finish_run(run: &std::path::Path, steps: u64, every: u64, extra: &[&str], res
     );
 }
 
-/// `metrics.csv` of a finished run of `steps` iterations: the header, then iterations
-/// `0..steps` once each and in order, every row complete (as many fields as the header).
+/// Each rank's metrics file (`metrics.csv`, `metrics-rank1.csv`) of a finished run of `steps`
+/// iterations: the header, then iterations `0..steps` once each and in order, every row
+/// complete (as many fields as the header).
 fn assert_metrics_once(run: &std::path::Path, steps: u64) {
-    let text = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
+    for file in ["metrics.csv", "metrics-rank1.csv"] {
+        assert_file_once(&run.join(file), steps);
+    }
+}
+
+fn assert_file_once(path: &std::path::Path, steps: u64) {
+    let text = std::fs::read_to_string(path).unwrap();
     assert!(text.ends_with('\n'), "torn last row");
     let mut lines = text.lines();
     let fields = lines.next().unwrap().split(',').count();

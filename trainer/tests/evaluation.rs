@@ -1,6 +1,7 @@
 //! `run::evaluate`: the test loss is the mean cross-entropy that burn's `CrossEntropyLoss`
 //! (PyTorch's default reduction) gives on the whole test set, and the accuracy counts argmax
-//! hits, for a trained MLP on the digits data.
+//! hits, for a trained MLP on the digits data. Every rank's per-iteration losses are recorded
+//! and average to the all-reduced world mean.
 
 use burn::nn::loss::CrossEntropyLoss;
 use burn::tensor::{Device, Int, Tensor, TensorData};
@@ -41,4 +42,86 @@ fn the_test_loss_is_burns_cross_entropy_over_the_whole_test_set() {
         .filter(|(p, l)| p == l)
         .count();
     assert_eq!(e.accuracy, hits as f64 / labels.len() as f64);
+}
+
+/// Every rank writes its own metrics file, and rank 0's world-mean loss (`global_loss`, an
+/// all-reduced mean of the ranks' losses) is the mean of the four files' `loss` at every
+/// iteration where it is logged, warmup (DDP) and local phase alike.
+#[test]
+fn every_rank_writes_its_losses_and_they_average_to_the_world_mean() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_localsgd"))
+        .args([
+            "train",
+            "--workers",
+            "4",
+            "--warmup",
+            "10",
+            "--period",
+            "4",
+            "--steps",
+            "40",
+            "--log-every",
+            "3",
+            "--checkpoint-every",
+            "7",
+            "--progress",
+            "false",
+            "--run-dir",
+        ])
+        .arg(&run)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let column = |file: &str, name: &str| -> Vec<String> {
+        let text = std::fs::read_to_string(run.join(file)).unwrap();
+        let mut lines = text.lines();
+        let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+        let k = header.iter().position(|h| *h == name).unwrap();
+        lines
+            .map(|l| l.split(',').nth(k).unwrap().to_string())
+            .collect()
+    };
+    let files = [
+        "metrics.csv",
+        "metrics-rank1.csv",
+        "metrics-rank2.csv",
+        "metrics-rank3.csv",
+    ];
+    for f in files {
+        let iterations = column(f, "iteration");
+        let expected: Vec<String> = (0..40).map(|i| i.to_string()).collect();
+        assert_eq!(iterations, expected, "{f}");
+    }
+    let losses: Vec<Vec<f32>> = files
+        .iter()
+        .map(|f| {
+            column(f, "loss")
+                .iter()
+                .map(|v| v.parse().unwrap())
+                .collect()
+        })
+        .collect();
+    let global = column("metrics.csv", "global_loss");
+    let mut checked = 0;
+    for (i, g) in global.iter().enumerate() {
+        if g.is_empty() {
+            continue;
+        }
+        let g: f64 = g.parse().unwrap();
+        let mean = losses.iter().map(|l| f64::from(l[i])).sum::<f64>() / 4.0;
+        assert!(
+            (g - mean).abs() <= 1e-12 * g.abs(),
+            "iteration {i}: global_loss {g}, mean of the ranks' losses {mean}"
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 13, "iterations 2, 5, ..., 38 log the world mean");
+    // After local steps the ranks' losses are their own, not copies of rank 0's.
+    assert!(losses[1] != losses[0] && losses[2] != losses[3]);
 }
