@@ -26,7 +26,7 @@ use localsgd_comm::params::{ParamSelection, flatten_params, write_params};
 use localsgd_comm::{Group, ThreadWorld};
 use localsgd_hooks::{AllReduceHook, BucketCaps, GradientReducer};
 use localsgd_trainer::model::{Mlp, MlpConfig};
-use localsgd_trainer::pipeline::{BatchSource, Outcome, Pipeline, PipelineOptions};
+use localsgd_trainer::pipeline::{BatchSource, Outcome, Pipeline, PipelineOptions, SourceError};
 use localsgd_trainer::run::loss;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -70,8 +70,8 @@ fn sizes() -> Vec<Size> {
 
 struct Endless(Batch);
 impl BatchSource<Batch> for Endless {
-    fn next_batch(&mut self) -> Option<Batch> {
-        Some(self.0.clone())
+    fn next_batch(&mut self) -> Result<Option<Batch>, SourceError> {
+        Ok(Some(self.0.clone()))
     }
 }
 

@@ -17,7 +17,7 @@ use crate::metrics::{EvalWriter, MetricsWriter};
 use crate::model::{MlpConfig, ModelError};
 use crate::pipeline::{
     BatchSource, CheckpointContext, DataPosition, Outcome, PhaseTimes, Pipeline, PipelineError,
-    PipelineOptions,
+    PipelineOptions, SourceError,
 };
 use burn::nn::loss::CrossEntropyLoss;
 use burn::optim::decay::WeightDecayConfig;
@@ -538,11 +538,13 @@ impl ShardLoader {
 }
 
 impl BatchSource<(Tensor<2>, Tensor<1, Int>)> for ShardLoader {
-    fn next_batch(&mut self) -> Option<(Tensor<2>, Tensor<1, Int>)> {
-        let indices = self.batches.get(self.next)?;
-        let batch = self.data.batch_tensors(indices, &self.device).ok()?;
+    fn next_batch(&mut self) -> Result<Option<(Tensor<2>, Tensor<1, Int>)>, SourceError> {
+        let Some(indices) = self.batches.get(self.next) else {
+            return Ok(None);
+        };
+        let batch = self.data.batch_tensors(indices, &self.device)?;
         self.next += 1;
-        Some(batch)
+        Ok(Some(batch))
     }
 
     fn position(&self) -> Option<DataPosition> {
@@ -645,7 +647,7 @@ pub fn train_worker(
                 // Sealed, not yet published: rank 0 publishes it once this iteration's metrics
                 // row is synced (below), so the rows a resume keeps are exactly its iterations.
                 save_checkpoint(&dir, &identity, ctx, false)
-                    .map_err(|e| PipelineError::Checkpoint(e.to_string()))
+                    .map_err(|e| PipelineError::Checkpoint(Box::new(e)))
             }));
     }
 

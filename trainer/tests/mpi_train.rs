@@ -51,7 +51,10 @@ fn two_mpi_ranks_equal_two_threads_bit_for_bit() {
     let threads = tempfile::tempdir().unwrap();
     let mpi = tempfile::tempdir().unwrap();
     run_threads(2, &args(threads.path(), 60));
-    let out = run_mpi(2, &args(mpi.path(), 60));
+    let exported = mpi.path().join("world.safetensors");
+    let mut mpi_args = args(mpi.path(), 60);
+    mpi_args.extend(["--export".to_string(), exported.display().to_string()]);
+    let out = run_mpi(2, &mpi_args);
     assert!(out.status.success(), "{}", show(&out));
     let stdout = String::from_utf8_lossy(&out.stdout);
     // Rank 0 alone prints the report.
@@ -60,9 +63,38 @@ fn two_mpi_ranks_equal_two_threads_bit_for_bit() {
         stdout.contains("trained 60 iterations on 2 workers (PostLocalSgd, Mpi backend)"),
         "{stdout}"
     );
-    for file in ["config.toml", "summary.json", "metrics.csv", "loss.svg"] {
+    for file in [
+        "config.toml",
+        "summary.json",
+        "metrics.csv",
+        "metrics-rank1.csv",
+        "loss.svg",
+    ] {
         assert!(mpi.path().join(file).is_file(), "missing {file}");
     }
+    // Rank 1 writes its own losses, the thread run's to the bit.
+    let losses = |d: &Path| -> Vec<String> {
+        std::fs::read_to_string(d.join("metrics-rank1.csv"))
+            .unwrap()
+            .lines()
+            .map(|l| l.split(',').nth(2).unwrap_or_default().to_string())
+            .collect()
+    };
+    assert_eq!(losses(threads.path()), losses(mpi.path()));
+    // `--export` under MPI (rank 0 writes the world average) equals `localsgd export` of the
+    // thread run: one addition of two numbers has one result.
+    let offline = threads.path().join("world.safetensors");
+    let out = Command::new(BIN)
+        .arg("export")
+        .arg(threads.path())
+        .arg(&offline)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", show(&out));
+    assert!(
+        std::fs::read(&offline).unwrap() == std::fs::read(&exported).unwrap(),
+        "the exported models differ"
+    );
     let t = final_params(threads.path(), 2);
     let m = final_params(mpi.path(), 2);
     for r in 0..2 {

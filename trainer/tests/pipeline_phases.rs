@@ -7,7 +7,8 @@ use localsgd_trainer::config::{AlgorithmKind, Compression, PipelineBuckets};
 use localsgd_trainer::data::{Dataset, synthetic};
 use localsgd_trainer::model::{Mlp, MlpConfig};
 use localsgd_trainer::pipeline::{
-    BatchSource, ITERATION_ORDER, IterSource, Outcome, Phase, Pipeline, PipelineOptions,
+    BatchSource, ITERATION_ORDER, IterSource, Outcome, Phase, Pipeline, PipelineError,
+    PipelineOptions, SourceError,
 };
 use localsgd_trainer::run::loss;
 use std::sync::{Arc, Mutex};
@@ -160,12 +161,12 @@ struct Counted {
 }
 
 impl BatchSource<Batch> for Counted {
-    fn next_batch(&mut self) -> Option<Batch> {
+    fn next_batch(&mut self) -> Result<Option<Batch>, SourceError> {
         if self.left == 0 {
-            return None;
+            return Ok(None);
         }
         self.left -= 1;
-        Some(self.batch.clone())
+        Ok(Some(self.batch.clone()))
     }
 }
 
@@ -192,6 +193,64 @@ fn uneven_shards_end_the_epoch_together() {
         })
         .unwrap();
     assert_eq!(out, vec![(3, 1), (3, 0), (3, 0)]);
+}
+
+/// A source whose third read fails on rank 1.
+struct Failing {
+    reads: usize,
+    rank: usize,
+    batch: Batch,
+}
+
+impl BatchSource<Batch> for Failing {
+    fn next_batch(&mut self) -> Result<Option<Batch>, SourceError> {
+        self.reads += 1;
+        if self.rank == 1 && self.reads == 3 {
+            return Err("shard file truncated at byte 4096".into());
+        }
+        Ok(Some(self.batch.clone()))
+    }
+}
+
+#[test]
+fn a_source_error_stops_its_rank_and_is_not_the_end_of_the_epoch() {
+    let d = data();
+    let out = ThreadWorld::new(2)
+        .unwrap()
+        .run(|g| {
+            let device = Device::flex().autodiff();
+            let mut p = pipeline(g.clone(), AlgorithmKind::Ddp, PipelineOptions::default());
+            let mut src = Failing {
+                reads: 0,
+                rank: g.rank(),
+                batch: batches(&d, g.rank(), 1, &device).remove(0),
+            };
+            let mut m = model(&device);
+            loop {
+                match p.run_iteration(m, &mut src, &loss) {
+                    Ok(Outcome::Trained(next, _)) => m = next,
+                    Ok(Outcome::EndOfData(_)) => return Ok(p.iteration()),
+                    Err(e) => return Err((p.iteration(), e)),
+                }
+            }
+        })
+        .unwrap();
+    // Rank 1 fails in its third iteration's fetch with the source's error...
+    match &out[1] {
+        Err((2, e @ PipelineError::Data(_))) => {
+            assert_eq!(
+                e.to_string(),
+                "reading the next batch: shard file truncated at byte 4096"
+            );
+        }
+        other => panic!("rank 1: {other:?}"),
+    }
+    // ...and rank 0 does not end the epoch quietly: its next collective fails.
+    assert!(
+        matches!(&out[0], Err((2, PipelineError::Comm { .. }))),
+        "rank 0: {:?}",
+        out[0]
+    );
 }
 
 #[test]

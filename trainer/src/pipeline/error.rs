@@ -25,9 +25,12 @@ pub enum PipelineError {
     /// An invalid combination of pipeline parts.
     #[error("invalid pipeline configuration: {0}")]
     Config(String),
+    /// The batch source could not deliver the next batch.
+    #[error("reading the next batch: {0}")]
+    Data(#[source] super::SourceError),
     /// Saving a checkpoint failed.
     #[error("checkpoint failed: {0}")]
-    Checkpoint(String),
+    Checkpoint(#[source] Box<dyn std::error::Error + Send + Sync + 'static>),
 }
 
 impl PipelineError {

@@ -13,7 +13,7 @@ mod source;
 
 pub use error::PipelineError;
 pub use phase::{ITERATION_ORDER, Phase, PhaseTimes};
-pub use source::{BatchSource, DataPosition, IterSource};
+pub use source::{BatchSource, DataPosition, IterSource, SourceError};
 
 use burn::module::Module;
 use burn::optim::lr_scheduler::module_lr_scheduler::{ModuleLearningRate, ModuleLrScheduler};
@@ -416,7 +416,7 @@ impl<M: Module> Pipeline<M> {
             let m = match phase {
                 Phase::FetchBatch => {
                     while batches.len() < micro {
-                        match source.next_batch() {
+                        match source.next_batch().map_err(PipelineError::Data)? {
                             Some(b) => batches.push(b),
                             None => break,
                         }

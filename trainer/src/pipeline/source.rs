@@ -10,11 +10,18 @@ pub struct DataPosition {
     pub next_batch: u64,
 }
 
+/// Why a [`BatchSource`] could not deliver a batch (a data file that cannot be read, a batch
+/// that cannot be built): any error, boxed.
+pub type SourceError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// A rank-local supply of batches for the current epoch. Implementations must not communicate:
 /// the pipeline's `AgreeHasData` phase is the only place ranks agree on whether data is left.
 pub trait BatchSource<B> {
-    /// The next batch of this rank's shard, or `None` when the shard is exhausted for this epoch.
-    fn next_batch(&mut self) -> Option<B>;
+    /// The next batch of this rank's shard, `Ok(None)` when the shard is exhausted for this
+    /// epoch, or the error that kept it from being read. An error stops the iteration with
+    /// [`PipelineError::Data`](super::PipelineError::Data) on this rank (its peers' next
+    /// collective then fails naming it); it is never taken for the end of the epoch.
+    fn next_batch(&mut self) -> Result<Option<B>, SourceError>;
 
     /// Where the source stands (for checkpoints); `None` if it cannot say.
     fn position(&self) -> Option<DataPosition> {
@@ -26,7 +33,7 @@ pub trait BatchSource<B> {
 pub struct IterSource<I>(pub I);
 
 impl<B, I: Iterator<Item = B>> BatchSource<B> for IterSource<I> {
-    fn next_batch(&mut self) -> Option<B> {
-        self.0.next()
+    fn next_batch(&mut self) -> Result<Option<B>, SourceError> {
+        Ok(self.0.next())
     }
 }
