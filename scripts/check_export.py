@@ -11,7 +11,7 @@ norms.i, head), loads the file with `load_state_dict(strict=True)` (through
 bench_pytorch's reader of the same format), puts the model in eval mode (BatchNorm uses the
 exported running statistics) and prints one JSON object: the test accuracy, the number of
 correct test samples, the test set's size and the mean cross-entropy. Needs `pip install torch
-numpy`; trainer/tests/export.rs runs it where torch is installed.
+numpy`; trainer/tests/it/export.rs runs it where torch is installed.
 """
 
 import argparse

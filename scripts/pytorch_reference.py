@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generate the PyTorch reference numbers of trainer/tests/pytorch_reference.rs.
+"""Generate the PyTorch reference numbers of trainer/tests/it/pytorch_reference.rs.
 
 Runs real PyTorch (CPU, gloo, 2 processes) on the bundled digits data with the binary's MLP
 (64-64-10, layers fc1, fc2) or its CNN (`--model cnn`, channels 8,16 over the 8x8 images, with

@@ -1,7 +1,7 @@
 //! Section 3: the hierarchical averager's schedule (V9, V10, V12), its subgroups, validation
 //! (including deliberate differences 1 and 2) and warning.
 
-mod common;
+use crate::common;
 
 use burn::prelude::*;
 use common::*;

@@ -7,7 +7,7 @@ use localsgd_trainer::cli::ConfigFlags;
 use localsgd_trainer::config::TrainConfig;
 use std::collections::BTreeSet;
 
-const CHAPTER: &str = include_str!("../../book/src/configuration.md");
+const CHAPTER: &str = include_str!("../../../book/src/configuration.md");
 
 /// Names of the table rows "| `name` | ..." of the chapter.
 fn documented() -> BTreeSet<String> {

@@ -6,7 +6,7 @@
 //! are the same to the bit (scaling by 2 is exact in floating point, SGD with momentum is
 //! linear in the gradient).
 
-mod common;
+use crate::common;
 
 use common::*;
 use localsgd_learner::StrategyConfig;

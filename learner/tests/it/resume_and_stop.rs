@@ -5,7 +5,7 @@
 //! from their own checkpoints); early stopping after epoch 1 stops every rank there (the
 //! parameters of a 1-epoch run); an interrupter stop mid-run returns promptly on all ranks.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -6,7 +6,7 @@
 //! a GPU is `scripts/gpu-smoke`'s job.
 #![cfg(feature = "nccl")]
 
-mod one_process_per_rank;
+use crate::one_process_per_rank;
 
 use localsgd_comm::nccl::{NcclWorld, stand_in};
 use one_process_per_rank::{BIN, args, final_params, run_threads, show};

@@ -2,7 +2,7 @@
 //! "averaging optimizer" wrapper (PyTorch's `PostLocalSGDOptimizer`: inner step, then exactly one
 //! averager call), in parameters and in step counters.
 
-mod common;
+use crate::common;
 
 use burn::module::Module;
 use burn::nn::loss::{MseLoss, Reduction};

@@ -2,7 +2,7 @@
 //! the latest checkpoint is always complete, a resumed run continues from it to the same final
 //! model as an uninterrupted run, and `metrics.csv` ends with every iteration exactly once.
 
-mod one_process_per_rank;
+use crate::one_process_per_rank;
 
 use localsgd_trainer::algorithm::AlgorithmSpec;
 use localsgd_trainer::checkpoint::{CheckpointDir, RunIdentity};

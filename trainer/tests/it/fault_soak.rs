@@ -7,7 +7,7 @@
 //! counts are printed at the end.
 //! The MPI soak is in `mpi_train.rs`.
 
-mod one_process_per_rank;
+use crate::one_process_per_rank;
 
 use one_process_per_rank::{Lcg, assert_checkpoint_intact, run_bounded};
 use std::process::Command;

@@ -4,29 +4,20 @@
 //! test launches the binary.
 #![cfg(feature = "mpi")]
 
-mod one_process_per_rank;
+use crate::one_process_per_rank;
 
+use localsgd_test_support::{network_namespaces_usable, one_mpi_job};
 use one_process_per_rank::{BIN, args, final_params, run_threads, show};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// One MPI job at a time (oversubscribed jobs side by side only slow each other down).
-static ONE_JOB: Mutex<()> = Mutex::new(());
-
 fn mpirun_cmd(ranks: usize) -> Command {
-    let mut c = Command::new("mpirun");
-    c.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .args(["--oversubscribe", "--mca", "btl", "self,vader,tcp"])
-        .args(["--mca", "btl_vader_single_copy_mechanism", "none"])
-        .args(["-np", &ranks.to_string(), BIN]);
-    c
+    localsgd_test_support::mpirun(ranks, BIN)
 }
 
 fn run_mpi(ranks: usize, extra: &[String]) -> Output {
-    let _one = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = one_mpi_job();
     let out = mpirun_cmd(ranks)
         .args(extra)
         .args(["--backend", "mpi"])
@@ -193,7 +184,7 @@ fn explicit_workers_must_equal_the_mpi_world_size() {
 
 #[test]
 fn a_killed_rank_makes_the_job_exit_non_zero() {
-    let _one = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = one_mpi_job();
     let dir = tempfile::tempdir().unwrap();
     let marker = dir.path().display().to_string();
     let mut a = args(dir.path(), 1_000_000);
@@ -251,7 +242,7 @@ fn a_killed_rank_makes_the_job_exit_non_zero() {
 /// stays intact.
 #[test]
 fn random_faults_end_each_mpi_job_cleanly_naming_the_rank() {
-    let _one = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = one_mpi_job();
     let seed = one_process_per_rank::seed("mpi fault soak");
     let mut rng = one_process_per_rank::Lcg::new(seed);
     const TIMEOUT: u64 = 3;
@@ -340,21 +331,14 @@ fn random_faults_end_each_mpi_job_cleanly_naming_the_rank() {
 /// trains to a useful model. Needs root and `ip netns`; elsewhere it says SKIPPED.
 #[test]
 fn trains_across_two_hosts_in_network_namespaces() {
-    let usable = Command::new("ip")
-        .args(["netns", "list"])
-        .output()
-        .is_ok_and(|o| o.status.success())
-        && Command::new("id")
-            .arg("-u")
-            .output()
-            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+    let usable = network_namespaces_usable();
     if !usable {
         println!(
             "SKIPPED trains_across_two_hosts_in_network_namespaces: needs root and `ip netns`"
         );
         return;
     }
-    let _one = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = one_mpi_job();
     let dir = tempfile::tempdir().unwrap();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/mpi-two-hosts.sh");
     let mut a = args(dir.path(), 300);

@@ -136,7 +136,7 @@ fn run(config: StreamingConfig, steps: u64, stop_at: Option<u64>) -> Vec<Event> 
 }
 
 fn expected(case: &str) -> Vec<Event> {
-    let text = include_str!("data/outer_v8.json");
+    let text = include_str!("../data/outer_v8.json");
     let json: serde_json::Value = serde_json::from_str(text).expect("json");
     json["V8_streaming_S4_F2"][case]
         .as_array()

@@ -1,7 +1,7 @@
 //! V17 and deliberate difference 5: the step counter is saved, serialized and restored exactly;
 //! a state from a different configuration is refused.
 
-mod common;
+use crate::common;
 
 use burn::prelude::*;
 use common::*;

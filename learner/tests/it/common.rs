@@ -2,7 +2,6 @@
 //! (64-64-10) as a `TrainStep` / `InferenceStep`, the bundled digits as a burn `DataLoader`,
 //! and the same run through `SupervisedTraining` + `LocalSgdStrategy` and through the
 //! localsgd `Pipeline`.
-#![allow(dead_code)]
 
 use std::path::Path;
 use std::sync::Arc;

@@ -99,8 +99,13 @@ fn smoke_passes_on_stand_ins_without_comm_split() {
 fn run_in_child(name: &str) {
     let dir = stand_ins(name, true);
     let exe = std::env::current_exe().expect("this test binary");
+    // libtest names a test by its module path inside the test binary: `nccl_stand_in::name`.
+    let module = module_path!()
+        .split_once("::")
+        .map_or(module_path!(), |(_, m)| m);
     let out = with_stand_ins(exe, &dir, 2)
-        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .args(["--exact", &format!("{module}::{name}"), "--nocapture"])
+        .arg("--test-threads=1")
         .env("STAND_IN_CHILD", "1")
         .output()
         .expect("run the child test process");

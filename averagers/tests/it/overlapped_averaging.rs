@@ -5,8 +5,6 @@
 //! numbers are dyadic, so every value below is exact in f32 and the expected numbers are the
 //! arithmetic written in the comments.
 
-mod common;
-
 use burn::module::Param;
 use burn::prelude::*;
 use localsgd_averagers::comm::ThreadWorld;

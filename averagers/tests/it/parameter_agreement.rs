@@ -1,7 +1,7 @@
 //! Deliberate difference 4: ranks that select different parameter sets get a clear error naming
 //! the ranks, on every rank, instead of a hang or a wrong average.
 
-mod common;
+use crate::common;
 
 use burn::prelude::*;
 use burn::tensor::DType;

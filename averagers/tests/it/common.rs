@@ -1,6 +1,5 @@
 //! Shared test fixtures: small modules, setting every parameter to a value, reading values back,
 //! and capturing `tracing` warnings.
-#![allow(dead_code)]
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::nn::conv::{Conv2d, Conv2dConfig};

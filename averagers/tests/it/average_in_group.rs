@@ -1,7 +1,7 @@
 //! Section 1: `average_in_group` on real burn modules — vectors V1–V4 (semantics §10), one fused all-reduce,
 //! any module shape, ids/dtypes kept.
 
-mod common;
+use crate::common;
 
 use burn::prelude::*;
 use burn::tensor::DType;

@@ -1,6 +1,6 @@
 //! Section 2: the periodic averager's schedule (V7, V8), validation and warning.
 
-mod common;
+use crate::common;
 
 use burn::nn::LinearConfig;
 use burn::optim::GradientsParams;

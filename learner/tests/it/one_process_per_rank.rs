@@ -3,7 +3,7 @@
 //! is a thread of a `ThreadWorld`, handed its group. Rank 0's final parameters equal the
 //! strategy's own thread ranks' run (post-local SGD, 2 epochs), to the bit.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -2,28 +2,18 @@
 //! driver under `mpirun` and checks its exit status and output.
 #![cfg(feature = "mpi")]
 
+use localsgd_test_support::one_mpi_job;
 use std::process::{Command, Output};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 const CHECK: &str = env!("CARGO_BIN_EXE_mpi_check");
 
-/// `mpirun -np <ranks>` with the settings every test needs: root allowed (CI containers run as
-/// root), more ranks than cores allowed, shared memory and loopback TCP only.
-/// One MPI job at a time: oversubscribed jobs running side by side on a small CI machine would
-/// only slow each other down.
-static ONE_JOB: Mutex<()> = Mutex::new(());
-
-/// Run the driver on `ranks` ranks; returns its output and how long the job took.
+/// Run the driver on `ranks` ranks (one job at a time); returns its output and how long the
+/// job took.
 fn mpirun(ranks: usize, args: &[&str]) -> (Output, Duration) {
-    let _one = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = one_mpi_job();
     let start = Instant::now();
-    let out = Command::new("mpirun")
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .args(["--oversubscribe", "--mca", "btl", "self,vader,tcp"])
-        .args(["--mca", "btl_vader_single_copy_mechanism", "none"])
-        .args(["-np", &ranks.to_string(), CHECK])
+    let out = localsgd_test_support::mpirun(ranks, CHECK)
         .args(args)
         .output()
         .unwrap_or_else(|e| panic!("could not run mpirun (is OpenMPI installed?): {e}"));
@@ -155,7 +145,7 @@ fn two_hosts_in_network_namespaces() {
         return;
     }
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/mpi-two-hosts.sh");
-    let _one = ONE_JOB.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = one_mpi_job();
     let out = Command::new("bash")
         .arg(script)
         .arg(CHECK)

@@ -1,0 +1,8 @@
+//! The learner crate's integration tests, one binary (each former `tests/*.rs` is a module), so
+//! burn and the crate are linked once instead of once per file.
+
+mod common;
+mod config_errors;
+mod one_process_per_rank;
+mod resume_and_stop;
+mod strategy_vs_pipeline;

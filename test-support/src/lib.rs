@@ -1,0 +1,54 @@
+//! # localsgd-test-support
+//!
+//! What the workspace's integration tests share across crates, in one dev-only place (no crate
+//! of the workspace depends on it outside `[dev-dependencies]`):
+//!
+//! - [`mpirun`]: the one way the tests start an MPI job (root allowed, more ranks than cores
+//!   allowed, shared memory and loopback TCP only), and [`one_mpi_job`], the lock that keeps
+//!   jobs of one test binary from running side by side (oversubscribed jobs on a small CI
+//!   machine only slow each other down).
+//! - [`network_namespaces_usable`]: whether tests that build "hosts" from network namespaces
+//!   can run here (root and `ip netns`).
+//!
+//! ```
+//! let cmd = localsgd_test_support::mpirun(2, "/bin/true");
+//! let args: Vec<_> = cmd.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
+//! assert_eq!(&args[args.len() - 3..], ["-np", "2", "/bin/true"]);
+//! ```
+#![deny(missing_docs)]
+
+use std::process::Command;
+use std::sync::{Mutex, MutexGuard};
+
+static ONE_JOB: Mutex<()> = Mutex::new(());
+
+/// `mpirun -np RANKS PROGRAM` with the settings every test needs; add the program's arguments.
+pub fn mpirun(ranks: usize, program: &str) -> Command {
+    let mut c = Command::new("mpirun");
+    c.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .args(["--oversubscribe", "--mca", "btl", "self,vader,tcp"])
+        .args(["--mca", "btl_vader_single_copy_mechanism", "none"])
+        .args(["-np", &ranks.to_string(), program]);
+    c
+}
+
+/// Hold this while an MPI job (or anything that starts one) runs. A test that panicked while
+/// holding it does not poison it for the others.
+pub fn one_mpi_job() -> MutexGuard<'static, ()> {
+    ONE_JOB.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Whether this machine lets the tests create network namespaces: running as root, with
+/// `ip netns` available.
+pub fn network_namespaces_usable() -> bool {
+    let ip = Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+    ip && root
+}
