@@ -61,16 +61,21 @@ impl HierarchicalModelAverager {
     /// [`AveragerError::LastLevelNotWholeGroup`]; a size that is 0, larger than the group or not
     /// dividing it → [`AveragerError::InvalidLevelGroupSize`]; `warmup_steps < 0` →
     /// [`AveragerError::NegativeWarmup`]. A last period of 1 is allowed but logs a warning.
-    pub fn new(
-        levels: &[(u64, usize)],
+    pub fn new<L: Into<Level> + Copy>(
+        levels: &[L],
         warmup_steps: i64,
         group: Group,
     ) -> Result<Self, AveragerError> {
+        let levels: Vec<Level> = levels.iter().map(|&l| l.into()).collect();
         let group_size = group.size();
-        validate_levels(levels, group_size)?;
+        validate_levels(&levels, group_size)?;
         let warmup_steps =
             u64::try_from(warmup_steps).map_err(|_| AveragerError::NegativeWarmup(warmup_steps))?;
-        if let Some(&(1, size)) = levels.last() {
+        if let Some(&Level {
+            period: 1,
+            group_size: size,
+        }) = levels.last()
+        {
             tracing::warn!(
                 period = 1,
                 group_size = size,
@@ -82,7 +87,11 @@ impl HierarchicalModelAverager {
 
         let mut created: Vec<(usize, Group)> = Vec::new();
         let mut built = Vec::with_capacity(levels.len());
-        for &(period, size) in levels {
+        for &Level {
+            period,
+            group_size: size,
+        } in &levels
+        {
             let level_group = if size == group_size {
                 group.clone()
             } else if let Some((_, g)) = created.iter().find(|(s, _)| *s == size) {
@@ -137,7 +146,12 @@ impl HierarchicalModelAverager {
     }
 }
 
-fn validate_levels(levels: &[(u64, usize)], group_size: usize) -> Result<(), AveragerError> {
+/// The rules a hierarchical averager's levels must follow over a group of `group_size` ranks,
+/// checked in the order [`HierarchicalModelAverager::new`] lists them (without the warmup). The
+/// one place these rules live: the binary's `levels` setting is checked with it too.
+pub fn validate_levels(levels: &[Level], group_size: usize) -> Result<(), AveragerError> {
+    let pairs: Vec<(u64, usize)> = levels.iter().map(|l| (l.period, l.group_size)).collect();
+    let levels = &pairs[..];
     let Some(&(last_period, last_size)) = levels.last() else {
         return Err(AveragerError::EmptyLevels);
     };

@@ -74,7 +74,7 @@ pub use average::{average_if_member, average_in_group, broadcast_in_group};
 pub use averager::{AverageParameters, ModelAverager};
 pub use error::{AveragerError, RankParams};
 pub use group::new_group;
-pub use hierarchical::HierarchicalModelAverager;
+pub use hierarchical::{HierarchicalModelAverager, validate_levels};
 pub use outer::{
     OuterAverager, OuterOptimizer, OuterSgd, OuterSgdConfig, OuterState, PseudoGradient,
     StreamingConfig,

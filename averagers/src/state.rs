@@ -15,6 +15,13 @@ pub struct Level {
     pub group_size: usize,
 }
 
+impl From<(u64, usize)> for Level {
+    /// `(period, group_size)`, the tuple form PyTorch's `period_group_size_dict` items take.
+    fn from((period, group_size): (u64, usize)) -> Self {
+        Self { period, group_size }
+    }
+}
+
 /// Which averager a state belongs to, with the settings that determine its schedule.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use localsgd_trainer::algorithm::AlgorithmSpec;
-pub use localsgd_trainer::config::AlgorithmKind;
+pub use localsgd_trainer::config::{AlgorithmKind, Levels};
 use localsgd_trainer::config::{PipelineBuckets, TrainConfig};
 pub use localsgd_trainer::pipeline::BufferPolicy;
 
@@ -28,12 +28,12 @@ pub struct StrategyConfig {
     pub workers: usize,
     /// Optimizer steps of gradient all-reduce before local SGD starts (PyTorch's
     /// `start_localSGD_iter` and the averager's `warmup_steps`).
-    pub warmup: i64,
+    pub warmup: u64,
     /// Model averaging period in optimizer steps (Lightning's `model_averaging_period`);
     /// required by `local-sgd` and `post-local-sgd`.
     pub period: Option<u64>,
-    /// Hierarchical levels as `period:group-size` pairs, e.g. `"2:2,4:4"`.
-    pub levels: String,
+    /// Hierarchical levels, e.g. `"2:2,4:4".parse()?` (`period:group-size` pairs).
+    pub levels: Levels,
     /// Post-warmup gradient all-reduce subgroup size (`post_local_allreduce`); `None`: the ranks
     /// of one host.
     pub subgroup_size: Option<usize>,
@@ -58,7 +58,7 @@ impl Default for StrategyConfig {
             workers: 2,
             warmup: 0,
             period: None,
-            levels: String::new(),
+            levels: Levels::default(),
             subgroup_size: None,
             post_local_allreduce: false,
             broadcast_start: true,
@@ -73,7 +73,7 @@ impl StrategyConfig {
     /// Post-local SGD: gradient all-reduce for `warmup` steps, then local steps with the models
     /// averaged every `period` steps (Lightning's `DDPStrategy(ddp_comm_state=PostLocalSGDState(
     /// start_localSGD_iter=warmup, ...), model_averaging_period=period)`).
-    pub fn post_local_sgd(warmup: i64, period: u64) -> Self {
+    pub fn post_local_sgd(warmup: u64, period: u64) -> Self {
         Self {
             algorithm: AlgorithmKind::PostLocalSgd,
             warmup,
@@ -92,12 +92,13 @@ impl StrategyConfig {
         }
     }
 
-    /// Hierarchical averaging after a post-local SGD warmup, e.g. `levels = "2:2,4:4"`.
-    pub fn hierarchical(warmup: i64, levels: &str) -> Self {
+    /// Hierarchical averaging after a post-local SGD warmup, e.g. with
+    /// `"2:2,4:4".parse::<Levels>()?`.
+    pub fn hierarchical(warmup: u64, levels: Levels) -> Self {
         Self {
             algorithm: AlgorithmKind::Hierarchical,
             warmup,
-            levels: levels.to_string(),
+            levels,
             ..Self::default()
         }
     }

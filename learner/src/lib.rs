@@ -39,7 +39,7 @@ mod rank;
 pub mod state;
 mod strategy;
 
-pub use config::{AlgorithmKind, BufferPolicy, StrategyConfig, StrategyError};
+pub use config::{AlgorithmKind, BufferPolicy, Levels, StrategyConfig, StrategyError};
 pub use strategy::LocalSgdStrategy;
 
 /// The book's chapter as a doctest: its example compiles and runs.

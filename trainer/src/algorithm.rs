@@ -4,7 +4,8 @@
 use crate::config::{AlgorithmKind, Compression, OuterSettings, PipelineBuckets, TrainConfig};
 use crate::pipeline::PipelineError;
 use localsgd_averagers::{
-    HierarchicalModelAverager, ModelAverager, OuterAverager, OuterOptimizer, PeriodicModelAverager,
+    HierarchicalModelAverager, Level, ModelAverager, OuterAverager, OuterOptimizer,
+    PeriodicModelAverager,
 };
 use localsgd_comm::Group;
 use localsgd_hooks::{
@@ -16,14 +17,15 @@ use localsgd_hooks::{
 pub struct AlgorithmSpec {
     /// Which algorithm.
     pub kind: AlgorithmKind,
-    /// Hook `start_local_sgd_iter` and averager `warmup_steps` (one knob).
-    pub warmup: i64,
+    /// Hook `start_local_sgd_iter` and averager `warmup_steps` (one knob; at most `i64::MAX`,
+    /// the averagers' PyTorch-typed counter).
+    pub warmup: u64,
     /// Averaging period (`None`: not provided; an error for post-local SGD and local SGD).
     pub period: Option<u64>,
     /// Overlap delay of periodic averaging (0: blocking).
     pub overlap: u64,
-    /// Hierarchical levels (period, group size).
-    pub levels: Vec<(u64, usize)>,
+    /// Hierarchical levels.
+    pub levels: Vec<Level>,
     /// Post-warmup gradient all-reduce subgroup size; `None`: the intra-node group.
     pub subgroup_size: Option<usize>,
     /// PyTorch's `post_local_gradient_allreduce`.
@@ -48,9 +50,7 @@ impl AlgorithmSpec {
             warmup: cfg.warmup,
             period: Some(cfg.period),
             overlap: cfg.overlap,
-            levels: cfg
-                .parsed_levels()
-                .map_err(|e| PipelineError::Config(e.to_string()))?,
+            levels: cfg.levels.as_slice().to_vec(),
             subgroup_size: cfg.subgroup_size,
             post_local_allreduce: cfg.post_local_allreduce,
             pipeline_buckets: cfg.pipeline_buckets,
@@ -97,7 +97,11 @@ impl AlgorithmSpec {
             self.kind,
             self.warmup,
             self.period,
-            self.levels,
+            // The pairs as checkpoints have always recorded them: `[(2, 2), (4, 4)]`.
+            self.levels
+                .iter()
+                .map(|l| (l.period, l.group_size))
+                .collect::<Vec<_>>(),
             self.subgroup_size,
             self.post_local_allreduce,
             self.compression
@@ -124,8 +128,14 @@ fn wrap(hook: Box<dyn CommHook>, compression: Compression) -> Box<dyn CommHook> 
 /// Build the hook and averager for `spec` on `world`. Collective: every rank calls it with the
 /// same spec (subgroups are created here).
 pub fn build(spec: &AlgorithmSpec, world: &Group) -> Result<AlgorithmParts, PipelineError> {
-    let warmup_iters = u64::try_from(spec.warmup).map_err(|_| {
-        PipelineError::Config(format!("warmup must be non-negative (got {})", spec.warmup))
+    let warmup_iters = spec.warmup;
+    // The averagers take PyTorch's signed `warmup_steps`.
+    let warmup_steps = i64::try_from(spec.warmup).map_err(|_| {
+        PipelineError::Config(format!(
+            "warmup {} is too large: at most {}",
+            spec.warmup,
+            i64::MAX
+        ))
     })?;
     let pipelined = match spec.pipeline_buckets {
         PipelineBuckets::On => true,
@@ -167,7 +177,7 @@ pub fn build(spec: &AlgorithmSpec, world: &Group) -> Result<AlgorithmParts, Pipe
     };
     let periodic = |period: u64| -> Result<Box<dyn ModelAverager>, PipelineError> {
         Ok(Box::new(
-            PeriodicModelAverager::new(period, spec.warmup, world.clone())?
+            PeriodicModelAverager::new(period, warmup_steps, world.clone())?
                 .with_overlap(spec.overlap)?,
         ))
     };
@@ -197,7 +207,7 @@ pub fn build(spec: &AlgorithmSpec, world: &Group) -> Result<AlgorithmParts, Pipe
             sync: Some((post_local_hook()?, reducer())),
             averager: Some(Box::new(HierarchicalModelAverager::new(
                 &spec.levels,
-                spec.warmup,
+                warmup_steps,
                 world.clone(),
             )?)),
         },
@@ -227,7 +237,7 @@ pub fn build(spec: &AlgorithmSpec, world: &Group) -> Result<AlgorithmParts, Pipe
                 )?
             } else {
                 let schedule =
-                    HierarchicalModelAverager::new(&spec.levels, spec.warmup, world.clone())?;
+                    HierarchicalModelAverager::new(&spec.levels, warmup_steps, world.clone())?;
                 OuterAverager::new(Box::new(schedule), outer.optimizer, world.clone())?
                     .with_local_start(warmup_iters)
             }
@@ -258,10 +268,11 @@ fn spans_hosts(world: &Group) -> Result<bool, PipelineError> {
 
 /// Default levels for `compare` when none are configured: pairs... halves every `period` steps,
 /// the whole world every `2 * period`.
-pub fn default_levels(workers: usize, period: u64) -> Vec<(u64, usize)> {
-    if workers >= 2 && workers.is_multiple_of(2) {
+pub fn default_levels(workers: usize, period: u64) -> Vec<Level> {
+    let pairs = if workers >= 2 && workers.is_multiple_of(2) {
         vec![(period, workers / 2), (2 * period, workers)]
     } else {
         vec![(period, workers)]
-    }
+    };
+    pairs.into_iter().map(Level::from).collect()
 }

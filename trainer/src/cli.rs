@@ -2,8 +2,8 @@
 //! TOML key. A flag overrides the file, which overrides the defaults.
 
 use crate::config::{
-    AlgorithmKind, Backend, Compression, DatasetKind, DeviceKind, LrScheduleKind, MetricsFormat,
-    ModelKind, OptimizerKind, OuterReduce, PipelineBuckets, TrainConfig,
+    AlgorithmKind, Backend, Compression, DatasetKind, DeviceKind, Levels, LrScheduleKind,
+    MetricsFormat, ModelKind, OptimizerKind, OuterReduce, PipelineBuckets, TrainConfig,
 };
 use crate::pipeline::BufferPolicy;
 use std::path::PathBuf;
@@ -49,7 +49,7 @@ pub struct ConfigFlags {
     pub algorithm: Option<AlgorithmKind>,
     /// Warmup iterations (gradient all-reduce before local steps; also the averager's warmup).
     #[arg(long, allow_negative_numbers = true)]
-    pub warmup: Option<i64>,
+    pub warmup: Option<u64>,
     /// The warmup in epochs instead (replaces `warmup`).
     #[arg(long, allow_negative_numbers = true)]
     pub warmup_epochs: Option<u64>,
@@ -61,7 +61,7 @@ pub struct ConfigFlags {
     pub overlap: Option<u64>,
     /// Hierarchical levels, e.g. "2:2,4:4" (period:group-size).
     #[arg(long)]
-    pub levels: Option<String>,
+    pub levels: Option<Levels>,
     /// diloco/slowmo: outer learning rate (default 0.7 for diloco, 1 for slowmo).
     #[arg(long, allow_negative_numbers = true)]
     pub outer_lr: Option<f64>,

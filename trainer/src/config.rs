@@ -2,7 +2,9 @@
 //! command-line flags of the same names, validated before anything is written.
 
 pub use crate::pipeline::BufferPolicy;
-use localsgd_averagers::{OuterOptimizer, OuterSgdConfig, PseudoGradient, StreamingConfig};
+use localsgd_averagers::{
+    Level, OuterOptimizer, OuterSgdConfig, PseudoGradient, StreamingConfig, validate_levels,
+};
 use localsgd_comm::Precision;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -231,8 +233,8 @@ pub struct TrainConfig {
     /// Training algorithm.
     pub algorithm: AlgorithmKind,
     /// Iterations of global gradient averaging before local steps start; also the averager's
-    /// warmup (one knob for both, as in Lightning).
-    pub warmup: i64,
+    /// warmup (one knob for both, as in Lightning). At most `i64::MAX` (PyTorch's counter).
+    pub warmup: u64,
     /// The same switch point in epochs (the post-local SGD paper switches at the first
     /// learning-rate decay, usually an epoch boundary): when set, `warmup` becomes this many
     /// epochs' optimizer steps (batches per rank per epoch, divided by `accumulate`).
@@ -246,7 +248,7 @@ pub struct TrainConfig {
     pub overlap: u64,
     /// Hierarchical levels as `period:group-size` pairs, e.g. `"2:2,4:4"`. Periods strictly
     /// increase; the last group size must be the number of workers.
-    pub levels: String,
+    pub levels: Levels,
     /// `diloco`/`slowmo`: the outer learning rate (DiLoCo's outer SGD lr, SlowMo's
     /// `slowmo_lr` α). Unset: 0.7 for `diloco`, 1 for `slowmo`.
     pub outer_lr: Option<f64>,
@@ -392,7 +394,7 @@ impl Default for TrainConfig {
             warmup_epochs: None,
             period: 4,
             overlap: 0,
-            levels: String::new(),
+            levels: Levels::default(),
             outer_lr: None,
             outer_momentum: None,
             outer_nesterov: None,
@@ -471,28 +473,87 @@ fn bad(setting: &'static str, value: impl ToString, valid: impl ToString) -> Con
     }
 }
 
-/// Parse `"2:2,4:4"` into `[(2, 2), (4, 4)]`.
-pub fn parse_levels(levels: &str) -> Result<Vec<(u64, usize)>, ConfigError> {
-    let valid = "comma-separated `period:group-size` pairs of positive integers, e.g. \"2:2,4:4\"";
-    levels
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(|pair| {
-            let (p, s) = pair
-                .split_once(':')
-                .ok_or_else(|| bad("levels", format!("{levels:?}"), valid))?;
-            let p = p
-                .trim()
-                .parse::<u64>()
-                .map_err(|_| bad("levels", format!("{levels:?}"), valid))?;
-            let s = s
-                .trim()
-                .parse::<usize>()
-                .map_err(|_| bad("levels", format!("{levels:?}"), valid))?;
-            Ok((p, s))
-        })
-        .collect()
+/// Hierarchical levels, parsed once from their text form `"2:2,4:4"` (`period:group-size` pairs,
+/// comma-separated; `""` for none): the `levels` setting in TOML (a string, as before) and on
+/// the command line. The rules a set of levels must follow over the workers are the averagers'
+/// ([`validate_levels`](localsgd_averagers::validate_levels)), checked by
+/// [`TrainConfig::validate`].
+///
+/// ```
+/// use localsgd_trainer::config::Levels;
+///
+/// let levels: Levels = "2:2, 8:4".parse().unwrap();
+/// assert_eq!(levels.as_slice()[1].period, 8);
+/// assert_eq!(levels.to_string(), "2:2,8:4");
+/// assert!("2:x".parse::<Levels>().is_err());
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Levels(pub Vec<Level>);
+
+impl Levels {
+    /// The levels, in order.
+    pub fn as_slice(&self) -> &[Level] {
+        &self.0
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl From<Vec<Level>> for Levels {
+    fn from(levels: Vec<Level>) -> Self {
+        Self(levels)
+    }
+}
+
+impl std::str::FromStr for Levels {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let invalid = || {
+            format!(
+                "{text:?} is not a list of levels: expected comma-separated `period:group-size` \
+                 pairs of non-negative integers, e.g. \"2:2,4:4\", or \"\" for none"
+            )
+        };
+        text.split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|pair| {
+                let (p, s) = pair.split_once(':').ok_or_else(invalid)?;
+                let period = p.trim().parse::<u64>().map_err(|_| invalid())?;
+                let group_size = s.trim().parse::<usize>().map_err(|_| invalid())?;
+                Ok(Level { period, group_size })
+            })
+            .collect::<Result<Vec<_>, String>>()
+            .map(Levels)
+    }
+}
+
+impl std::fmt::Display for Levels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let parts: Vec<String> = self
+            .0
+            .iter()
+            .map(|l| format!("{}:{}", l.period, l.group_size))
+            .collect();
+        f.write_str(&parts.join(","))
+    }
+}
+
+impl Serialize for Levels {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.to_string())
+    }
+}
+
+impl<'de> Deserialize<'de> for Levels {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
 }
 
 impl TrainConfig {
@@ -511,11 +572,6 @@ impl TrainConfig {
     /// The effective configuration as TOML (printed and saved in the run directory).
     pub fn to_toml(&self) -> String {
         toml::to_string(self).unwrap_or_else(|e| format!("# could not serialize config: {e}\n"))
-    }
-
-    /// The hierarchical levels, parsed.
-    pub fn parsed_levels(&self) -> Result<Vec<(u64, usize)>, ConfigError> {
-        parse_levels(&self.levels)
     }
 
     /// The outer optimizer and pseudo-gradient reduction of `diloco`/`slowmo` with their
@@ -683,10 +739,10 @@ impl TrainConfig {
                  the fragments' pseudo-gradients (torchft)",
             ));
         }
-        if !self.levels.trim().is_empty() {
+        if !self.levels.is_empty() {
             return Err(bad(
                 "levels",
-                format!("{:?}", self.levels),
+                format!("{:?}", self.levels.to_string()),
                 "\"\" with `streaming-diloco`: Streaming DiLoCo has its own schedule of fragments",
             ));
         }
@@ -736,18 +792,18 @@ impl TrainConfig {
         {
             return Err(bad("flush-denormals", true, format!("`false`: {e}")));
         }
-        if self.warmup < 0 {
+        if i64::try_from(self.warmup).is_err() {
             return Err(bad(
                 "warmup",
                 self.warmup,
-                "warmup_steps must be non-negative",
+                format!("at most {} (PyTorch's step counter is an i64)", i64::MAX),
             ));
         }
         let averages = matches!(
             self.algorithm,
             AlgorithmKind::LocalSgd | AlgorithmKind::PostLocalSgd
         );
-        let outer_levels = self.algorithm.is_outer() && !self.levels.trim().is_empty();
+        let outer_levels = self.algorithm.is_outer() && !self.levels.is_empty();
         if (averages || (self.algorithm.is_outer() && !outer_levels)) && self.period == 0 {
             return Err(bad("period", 0, "period must be positive (1 or more)"));
         }
@@ -790,60 +846,21 @@ impl TrainConfig {
             ));
         }
         if self.algorithm == AlgorithmKind::Hierarchical || outer_levels {
-            let levels = self.parsed_levels()?;
-            if levels.is_empty() {
-                return Err(bad(
+            validate_levels(self.levels.as_slice(), self.workers).map_err(|e| {
+                bad(
                     "levels",
-                    format!("{:?}", self.levels),
-                    "hierarchical averaging needs at least one `period:group-size` level",
-                ));
-            }
-            for &(p, s) in &levels {
-                if p == 0 {
-                    return Err(bad(
-                        "levels",
-                        format!("{:?}", self.levels),
-                        format!("every period must be positive; level {p}:{s} has period 0"),
-                    ));
-                }
-                if s == 0 || s > self.workers || !self.workers.is_multiple_of(s) {
-                    return Err(bad(
-                        "levels",
-                        format!("{:?}", self.levels),
-                        format!(
-                            "group size {s} does not fit {} workers: sizes must be positive divisors of the worker count",
-                            self.workers
-                        ),
-                    ));
-                }
-            }
-            if levels.windows(2).any(|w| w[1].0 <= w[0].0) {
-                return Err(bad(
-                    "levels",
-                    format!("{:?}", self.levels),
-                    "periods must strictly increase from level to level",
-                ));
-            }
-            if let Some(&(_, s)) = levels.last()
-                && s != self.workers
-            {
-                return Err(bad(
-                    "levels",
-                    format!("{:?}", self.levels),
-                    format!(
-                        "the last level must average over the whole group of {} ranks",
-                        self.workers
-                    ),
-                ));
-            }
+                    format!("{:?}", self.levels.to_string()),
+                    format!("{e} ({} workers)", self.workers),
+                )
+            })?;
         }
         if let Some(s) = self.subgroup_size
-            && (s == 0 || s > self.workers || !self.workers.is_multiple_of(s))
+            && let Err(e) = localsgd_comm::validate_subgroup_size(s, self.workers)
         {
             return Err(bad(
                 "subgroup-size",
                 s,
-                format!("a positive divisor of the worker count {}", self.workers),
+                format!("{e} ({} workers)", self.workers),
             ));
         }
         if !(self.bucket_cap_mb > 0.0 && self.bucket_cap_mb.is_finite()) {

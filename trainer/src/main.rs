@@ -354,7 +354,7 @@ fn compare(flags: &ConfigFlags) -> Result<()> {
         cfg.resume = false;
         if algorithm.is_outer() {
             // The outer algorithms on the same period as post-local SGD (no levels).
-            cfg.levels.clear();
+            cfg.levels = Default::default();
         } else {
             // Outer settings given for the outer algorithms do not apply to the others.
             cfg.outer_lr = None;
@@ -369,12 +369,9 @@ fn compare(flags: &ConfigFlags) -> Result<()> {
             cfg.fragment_sync_delay = None;
             cfg.fragment_alpha = None;
         }
-        if algorithm == AlgorithmKind::Hierarchical && cfg.parsed_levels()?.is_empty() {
-            cfg.levels = localsgd_trainer::algorithm::default_levels(cfg.workers, cfg.period)
-                .iter()
-                .map(|(p, s)| format!("{p}:{s}"))
-                .collect::<Vec<_>>()
-                .join(",");
+        if algorithm == AlgorithmKind::Hierarchical && cfg.levels.is_empty() {
+            cfg.levels =
+                localsgd_trainer::algorithm::default_levels(cfg.workers, cfg.period).into();
         }
         cfg.validate()?;
         let started = Instant::now();

@@ -58,6 +58,8 @@
 //! assert_eq!(ddp.payload_data_bytes, 2_400_000.0);
 //! ```
 
+use crate::config::Levels;
+use localsgd_averagers::{Level, validate_levels};
 use serde::Serialize;
 
 /// TCP (with timestamps) and IPv4 header bytes per segment.
@@ -233,8 +235,9 @@ pub enum Algorithm {
     },
     /// Hierarchical averaging (post-local SGD hook during warmup).
     Hierarchical {
-        /// `(period, group size)` pairs, periods increasing, the last group the world.
-        levels: Vec<(u64, usize)>,
+        /// The levels, periods increasing (each a multiple of the previous), the last group
+        /// the world.
+        levels: Vec<Level>,
     },
     /// An outer-optimizer step over the world after every `period` local steps (DiLoCo,
     /// SlowMo: gradient all-reduce during the warmup, then syncs after iterations
@@ -346,37 +349,21 @@ impl Schedule {
                 }
             }
             Algorithm::Hierarchical { levels } => {
-                let Some(last) = levels.last() else {
+                let text = format!("{:?}", Levels::from(levels.clone()).to_string());
+                validate_levels(levels, world)
+                    .map_err(|e| invalid("levels", &text, &format!("{e} ({world} ranks)")))?;
+                // The averager takes any increasing periods; the model's schedule repeats
+                // every last period only when each period divides the next.
+                if levels
+                    .windows(2)
+                    .any(|w| !w[1].period.is_multiple_of(w[0].period))
+                {
                     return Err(invalid(
                         "levels",
-                        "\"\"",
-                        "at least one period:group-size pair",
+                        &text,
+                        "each period a multiple of the previous (the cost model's schedule \
+                         repeats every last period)",
                     ));
-                };
-                if last.1 != world {
-                    return Err(invalid(
-                        "levels",
-                        format!("{levels:?}"),
-                        &format!("the last group size must be the number of ranks, {world}"),
-                    ));
-                }
-                for w in levels.windows(2) {
-                    if w[1].0 <= w[0].0 || !w[1].0.is_multiple_of(w[0].0) {
-                        return Err(invalid(
-                            "levels",
-                            format!("{levels:?}"),
-                            "strictly increasing periods, each a multiple of the previous",
-                        ));
-                    }
-                }
-                for &(p, g) in levels {
-                    if p == 0 || g == 0 || !world.is_multiple_of(g) {
-                        return Err(invalid(
-                            "levels",
-                            format!("{levels:?}"),
-                            &format!("periods >= 1 and group sizes dividing {world}"),
-                        ));
-                    }
                 }
             }
         }
@@ -480,10 +467,9 @@ impl Schedule {
             Algorithm::Hierarchical { levels } => {
                 if i < self.warmup {
                     gradients(&mut out);
-                } else if let Some(&(_, g)) =
-                    levels.iter().rev().find(|(p, _)| i.is_multiple_of(*p))
+                } else if let Some(level) = levels.iter().rev().find(|l| i.is_multiple_of(l.period))
                 {
-                    average(&mut out, g, false, 4);
+                    average(&mut out, level.group_size, false, 4);
                 }
             }
         }
@@ -511,7 +497,7 @@ impl Schedule {
         let mut c = match &self.algorithm {
             Algorithm::Ddp => 1,
             Algorithm::Periodic { period, .. } | Algorithm::Outer { period, .. } => *period,
-            Algorithm::Hierarchical { levels } => levels.last().map_or(1, |l| l.0),
+            Algorithm::Hierarchical { levels } => levels.last().map_or(1, |l| l.period),
         };
         if self.log_every > 0 {
             c = lcm(c, self.log_every);
@@ -898,7 +884,7 @@ mod tests {
     fn hierarchical_uses_the_largest_period_dividing_the_step() {
         // 2 hosts x 2 ranks, pairs (inside a host) every 4, the world every 16.
         let a = Algorithm::Hierarchical {
-            levels: vec![(4, 2), (16, 4)],
+            levels: [(4, 2), (16, 4)].into_iter().map(Level::from).collect(),
         };
         let w = work(1000, 1e-3);
         let s = Schedule::new(&a, 4, &w).unwrap();
@@ -920,7 +906,7 @@ mod tests {
         // Levels 2:1, 4:2 on 2 ranks: steps 2, 6, ... average alone (the identity, nothing sent),
         // steps 0, 4, 8, ... over both ranks (4-word check + 4P bytes).
         let a = Algorithm::Hierarchical {
-            levels: vec![(2, 1), (4, 2)],
+            levels: [(2, 1), (4, 2)].into_iter().map(Level::from).collect(),
         };
         let s = Schedule::new(&a, 2, &work(1000, 1e-3)).unwrap();
         assert_eq!(s.payload(2), (8, 0));
@@ -1002,7 +988,7 @@ mod tests {
     fn bad_settings_name_the_setting() {
         let e = Schedule::new(
             &Algorithm::Hierarchical {
-                levels: vec![(2, 2), (4, 3)],
+                levels: [(2, 2), (4, 3)].into_iter().map(Level::from).collect(),
             },
             4,
             &work(10, 0.0),

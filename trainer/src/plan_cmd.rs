@@ -4,7 +4,8 @@
 //! algorithm and recommends an averaging period for a target communication share.
 
 use anyhow::{Context, Result, bail};
-use localsgd_trainer::config::{Compression, parse_levels};
+use localsgd_averagers::Level;
+use localsgd_trainer::config::{Compression, Levels};
 use localsgd_trainer::model::MlpConfig;
 use localsgd_trainer::plan::{
     Algorithm, Cluster, Layout, Link, Prediction, Schedule, Workload, predict, recommend_period,
@@ -83,7 +84,7 @@ pub(crate) struct PlanFlags {
     /// --period, the world every 4 x --period; on an even number (> 2) of one-rank hosts, pairs
     /// of hosts every --period; otherwise the world every --period).
     #[arg(long, default_value = "")]
-    levels: String,
+    levels: Levels,
     /// Warmup iterations (gradient all-reduce; also the averagers' warmup).
     #[arg(long, default_value_t = 0)]
     warmup: u64,
@@ -134,10 +135,10 @@ fn algorithm(name: &str, flags: &PlanFlags, layout: Layout) -> Result<Algorithm>
             overlap: flags.overlap,
         },
         "hierarchical" => {
-            let levels = if flags.levels.trim().is_empty() {
+            let levels = if flags.levels.is_empty() {
                 default_levels(layout, flags.period)
             } else {
-                parse_levels(&flags.levels)?
+                flags.levels.as_slice().to_vec()
             };
             Algorithm::Hierarchical { levels }
         }
@@ -160,15 +161,16 @@ fn algorithm(name: &str, flags: &PlanFlags, layout: Layout) -> Result<Algorithm>
 /// The ranks of a host every `period`, the world every `4 * period`; on an even number (more
 /// than 2) of one-rank hosts, pairs of hosts every `period` and the world every `4 * period`;
 /// otherwise the world every `period`. (`scripts/bench-matrix` uses the same rule.)
-pub(crate) fn default_levels(layout: Layout, period: u64) -> Vec<(u64, usize)> {
+pub(crate) fn default_levels(layout: Layout, period: u64) -> Vec<Level> {
     let w = layout.world();
-    if layout.ranks_per_host > 1 && layout.hosts > 1 {
+    let pairs = if layout.ranks_per_host > 1 && layout.hosts > 1 {
         vec![(period, layout.ranks_per_host), (4 * period, w)]
     } else if layout.ranks_per_host == 1 && layout.hosts > 2 && w.is_multiple_of(2) {
         vec![(period, 2), (4 * period, w)]
     } else {
         vec![(period, w)]
-    }
+    };
+    pairs.into_iter().map(Level::from).collect()
 }
 
 /// The most iterations `--steps` lists (20 bytes of JSON each).
@@ -274,14 +276,9 @@ pub(crate) fn run(flags: &PlanFlags) -> Result<()> {
             Algorithm::Periodic {
                 period, overlap, ..
             } => format!("{} period {period} overlap {overlap}", a.name()),
-            Algorithm::Hierarchical { levels } => format!(
-                "hierarchical {}",
-                levels
-                    .iter()
-                    .map(|(p, g)| format!("{p}:{g}"))
-                    .collect::<Vec<_>>()
-                    .join(",")
-            ),
+            Algorithm::Hierarchical { levels } => {
+                format!("hierarchical {}", Levels::from(levels.clone()))
+            }
             Algorithm::Outer { period, .. } => format!("{} period {period}", a.name()),
             Algorithm::Ddp => "ddp".to_string(),
         };

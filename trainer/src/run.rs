@@ -601,12 +601,15 @@ pub fn train_worker(
     let cfg = match cfg.warmup_epochs {
         Some(epochs) => {
             let mut c = cfg.clone();
-            c.warmup = i64::try_from(epochs.saturating_mul(per_epoch)).map_err(|_| {
-                PipelineError::Config(format!(
-                    "invalid setting `warmup-epochs` = {epochs}: {epochs} epochs of {per_epoch} \
-                     steps overflow the warmup counter"
-                ))
-            })?;
+            c.warmup = epochs
+                .checked_mul(per_epoch)
+                .filter(|w| i64::try_from(*w).is_ok())
+                .ok_or_else(|| {
+                    PipelineError::Config(format!(
+                        "invalid setting `warmup-epochs` = {epochs}: {epochs} epochs of \
+                         {per_epoch} steps overflow the warmup counter"
+                    ))
+                })?;
             tracing::info!(
                 epochs,
                 steps = c.warmup,

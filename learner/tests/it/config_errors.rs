@@ -2,7 +2,7 @@
 //! the value and what would be valid (PyTorch Lightning's and PyTorch's rules).
 
 use burn::tensor::Device;
-use localsgd_learner::{AlgorithmKind, LocalSgdStrategy, StrategyConfig};
+use localsgd_learner::{AlgorithmKind, Levels, LocalSgdStrategy, StrategyConfig};
 
 fn refused(config: StrategyConfig, expected: &[&str]) {
     let err = LocalSgdStrategy::new(config, Device::flex())
@@ -29,12 +29,20 @@ fn post_local_sgd_without_a_period_is_refused() {
 }
 
 #[test]
-fn a_zero_period_negative_warmup_or_no_workers_is_refused() {
+fn a_zero_period_an_oversized_warmup_or_no_workers_is_refused() {
     refused(
         StrategyConfig::post_local_sgd(10, 0),
         &["period", "positive"],
     );
-    refused(StrategyConfig::post_local_sgd(-1, 4), &["warmup", "-1"]);
+    // A negative warmup cannot be written (`u64`); one past PyTorch's i64 counter is refused.
+    refused(
+        StrategyConfig::post_local_sgd(u64::MAX, 4),
+        &[
+            "warmup",
+            "18446744073709551615",
+            "at most 9223372036854775807",
+        ],
+    );
     refused(
         StrategyConfig::default().with_workers(0),
         &["workers", "at least 1"],
@@ -43,18 +51,18 @@ fn a_zero_period_negative_warmup_or_no_workers_is_refused() {
 
 #[test]
 fn levels_that_do_not_fit_the_ranks_are_refused() {
+    let levels = |text: &str| text.parse::<Levels>().unwrap();
     refused(
-        StrategyConfig::hierarchical(10, "2:3,4:4").with_workers(4),
-        &["levels", "group size 3 does not fit 4 workers"],
+        StrategyConfig::hierarchical(10, levels("2:3,4:4")).with_workers(4),
+        &["levels", "level 0 (period 2, group size 3)", "4 workers"],
     );
     refused(
-        StrategyConfig::hierarchical(10, "").with_workers(4),
-        &["levels", "at least one"],
+        StrategyConfig::hierarchical(10, levels("")).with_workers(4),
+        &["levels", "must not be empty"],
     );
-    refused(
-        StrategyConfig::hierarchical(10, "2:two").with_workers(4),
-        &["levels"],
-    );
+    // Text that is not levels never becomes a configuration.
+    let err = "2:two".parse::<Levels>().unwrap_err();
+    assert!(err.contains("\"2:two\" is not a list of levels"), "{err}");
 }
 
 #[test]
@@ -63,7 +71,7 @@ fn valid_settings_are_accepted() {
         StrategyConfig::default(),
         StrategyConfig::post_local_sgd(10, 4),
         StrategyConfig::local_sgd(2),
-        StrategyConfig::hierarchical(10, "2:2,4:4").with_workers(4),
+        StrategyConfig::hierarchical(10, "2:2,4:4".parse().unwrap()).with_workers(4),
     ] {
         LocalSgdStrategy::new(config, Device::flex()).unwrap();
     }

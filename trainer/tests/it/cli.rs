@@ -87,9 +87,20 @@ fn bad_input_is_rejected_before_anything_is_written() {
     }
     let base = |extra: &[&'static str]| with(r, extra);
     assert_rejected(&base(&["--period", "0"]), "`period` = 0", &run);
+    // A counter is unsigned: clap refuses a negative one, naming the flag.
     assert_rejected(
         &base(&["--warmup", "-3"]),
-        "warmup_steps must be non-negative",
+        "invalid value '-3' for '--warmup <WARMUP>'",
+        &run,
+    );
+    assert_rejected(
+        &base(&["--warmup", "9223372036854775808"]),
+        "`warmup` = 9223372036854775808: at most 9223372036854775807",
+        &run,
+    );
+    assert_rejected(
+        &base(&["--algorithm", "hierarchical", "--levels", "2:two"]),
+        "invalid value '2:two' for '--levels <LEVELS>': \"2:two\" is not a list of levels",
         &run,
     );
     assert_rejected(&base(&["--workers", "0"]), "`workers` = 0", &run);
@@ -130,12 +141,12 @@ fn bad_input_is_rejected_before_anything_is_written() {
     }
     assert_rejected(
         &base(&["--algorithm", "hierarchical", "--levels", "2:3,4:2"]),
-        "does not fit 2 workers",
+        "invalid setting `levels` = \"2:3,4:2\": level 0 (period 2, group size 3): subgroup size 3 must not exceed the group size 2 (2 workers)",
         &run,
     );
     assert_rejected(
         &base(&["--algorithm", "hierarchical", "--levels", "4:1,2:2"]),
-        "strictly increase",
+        "levels must have strictly increasing periods: level 1 (period 2, group size 2) follows level 0",
         &run,
     );
     assert_rejected(
@@ -291,7 +302,7 @@ fn bad_input_is_rejected_before_anything_is_written() {
     );
     assert_rejected(
         &base(&["--algorithm", "diloco", "--levels", "2:3"]),
-        "does not fit 2 workers",
+        "`levels` = \"2:3\": the last level must average over the whole group of 2 ranks",
         &run,
     );
 

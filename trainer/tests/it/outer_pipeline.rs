@@ -47,7 +47,7 @@ fn loss(m: &Scalar, target: &f64) -> Tensor<1> {
     (d.clone() * d) * 0.5
 }
 
-fn spec(kind: AlgorithmKind, warmup: i64, outer: OuterOptimizer) -> AlgorithmSpec {
+fn spec(kind: AlgorithmKind, warmup: u64, outer: OuterOptimizer) -> AlgorithmSpec {
     AlgorithmSpec {
         kind,
         warmup,
@@ -243,7 +243,7 @@ fn diloco_takes_theta_at_the_end_of_the_warmup() {
     let traces = run(
         spec(
             AlgorithmKind::Diloco,
-            warmup as i64,
+            warmup as u64,
             OuterSgdConfig::diloco().into(),
         ),
         2 + 6,

@@ -30,7 +30,7 @@ fn pipelined_spec(kind: AlgorithmKind, pipelined: bool) -> AlgorithmSpec {
         warmup: 2,
         period: Some(2),
         overlap: 0,
-        levels: vec![(2, 2)],
+        levels: vec![(2, 2).into()],
         subgroup_size: None,
         post_local_allreduce: true,
         // Small caps: several buckets, so pipelining has something to overlap.

@@ -14,7 +14,7 @@ fn config(
         algorithm,
         warmup: 3,
         period: 2,
-        levels: "2:1,5:2".into(),
+        levels: "2:1,5:2".parse().unwrap(),
         dataset: DatasetKind::Synthetic,
         synthetic_samples: 200,
         synthetic_dim: 6,
@@ -136,7 +136,7 @@ fn schedules_clipping_and_accumulation_resume_bit_identically() {
 #[test]
 fn diloco_resumes_bit_identically_with_theta_and_outer_momentum() {
     check_resume_with(AlgorithmKind::Diloco, OptimizerKind::Sgd, 0, |c| {
-        c.levels.clear();
+        c.levels = Default::default();
         c.period = 3;
     });
 }
@@ -157,7 +157,7 @@ fn slowmo_with_a_schedule_and_levels_resumes_bit_identically() {
 
 fn streaming(c: &mut TrainConfig) {
     c.algorithm = AlgorithmKind::StreamingDiloco;
-    c.levels.clear();
+    c.levels = Default::default();
     c.warmup = 2;
     c.period = 4;
     c.fragments = Some(2);
@@ -210,7 +210,7 @@ fn an_outer_run_without_saved_outer_state_is_refused() {
     use localsgd_trainer::checkpoint::CheckpointDir;
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = config(dir.path(), AlgorithmKind::Diloco, OptimizerKind::Sgd);
-    cfg.levels.clear();
+    cfg.levels = Default::default();
     cfg.steps = Some(4);
     let data = load_data(&cfg).unwrap();
     train_threads(&cfg, &data, Some(dir.path()), None).unwrap();
