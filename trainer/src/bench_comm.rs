@@ -51,7 +51,7 @@ pub(crate) fn run(flags: &BenchCommFlags) -> Result<()> {
     if flags.reps == 0 {
         bail!("invalid --reps 0: at least 1 repetition");
     }
-    crate::check_backend_built(flags.backend)?;
+    crate::launch::check_backend_built(flags.backend)?;
     let rows = match flags.backend {
         Backend::Threads => threads(flags)?,
         Backend::Mpi | Backend::Nccl => process(flags, flags.backend)?,

@@ -43,7 +43,7 @@ pub(crate) fn run(flags: &BenchStepFlags) -> Result<()> {
     if flags.iters == 0 {
         bail!("invalid --iters 0: at least 1 timed iteration");
     }
-    let cfg = crate::resolve_settings(&flags.config)?;
+    let cfg = crate::launch::resolve_settings(&flags.config)?;
     if cfg.flush_denormals {
         localsgd_trainer::denormals::flush_on_compute_threads()?;
     }

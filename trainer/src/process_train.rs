@@ -11,14 +11,14 @@
 //! are ended by the watchdog). Returning normally would leave the other ranks waiting in their
 //! next collective.
 
+use crate::launch::{describe, prepare_run_dir, progress_bar, report};
 use crate::process_world::ProcessWorld;
-use crate::{RunTotals, WorkerResult, prepare_run_dir, progress_bar, report};
 use anyhow::{Context, Result, bail};
-use localsgd_comm::{Group, GroupExt};
+use localsgd_comm::Group;
 use localsgd_trainer::cli::ConfigFlags;
 use localsgd_trainer::config::TrainConfig;
 use localsgd_trainer::run;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Exit code of a rank that fails (the same as the thread backend's `error:` exit).
 const FAILURE_EXIT_CODE: i32 = 2;
@@ -45,7 +45,7 @@ pub(crate) fn train(flags: &ConfigFlags, cfg: TrainConfig) -> Result<()> {
         Ok(cfg) => cfg,
         Err(e) => {
             if rank == 0 {
-                say(&format!("error: {}", crate::describe(&e)));
+                say(&format!("error: {}", describe(&e)));
             }
             world.finish();
             std::process::exit(FAILURE_EXIT_CODE);
@@ -67,7 +67,7 @@ pub(crate) fn train(flags: &ConfigFlags, cfg: TrainConfig) -> Result<()> {
             say(&format!(
                 "error on rank {rank} of {size} ({}): {}",
                 world.whereabouts(),
-                crate::describe(&e)
+                describe(&e)
             ));
             world.abort(FAILURE_EXIT_CODE)
         }
@@ -163,20 +163,9 @@ fn train_rank(cfg: &TrainConfig, world: &ProcessWorld) -> Result<()> {
         .barrier()
         .context("waiting for rank 0 to prepare the run directory")?;
     let progress = if rank == 0 { progress_bar(cfg) } else { None };
-    let started = Instant::now();
-    let result: WorkerResult = run::train_worker(cfg, group.clone(), &data, Some(&dir), progress)?;
-    let wall = group_wall_seconds(group, started.elapsed())?;
-    let totals = RunTotals::gather(group, &result)?;
+    let outcome = run::run_rank(cfg, group.clone(), &data, Some(&dir), progress)?;
     if rank == 0 {
-        report(cfg, &result, totals, wall, &dir)?;
+        report(cfg, &outcome, &dir)?;
     }
     Ok(())
-}
-
-/// The slowest rank's training wall time (the job is as fast as its slowest rank), via a max
-/// all-reduce of one value.
-fn group_wall_seconds(group: &Group, mine: Duration) -> Result<f64> {
-    let mut v = [mine.as_secs_f64()];
-    group.all_reduce_slice(&mut v, localsgd_comm::ReduceOp::Max)?;
-    Ok(v[0])
 }

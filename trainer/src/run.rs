@@ -138,23 +138,8 @@ pub struct RunTotals {
 }
 
 impl RunTotals {
-    /// Sum the results of all ranks of one process (thread backend).
-    pub fn of(results: &[WorkerResult]) -> Self {
-        let mut t = Self::default();
-        for r in results {
-            t.bytes += r.traffic.bytes;
-            t.data_bytes += r.traffic.data_bytes;
-            t.collectives += r.traffic.collectives;
-            t.samples += r.samples;
-            t.ranks.push(Evaluation {
-                accuracy: r.local_test_accuracy,
-                loss: r.local_test_loss,
-            });
-        }
-        t
-    }
-
-    /// Sum one rank's result over the group (one small all-gather; one process per rank).
+    /// Sum every rank's result over the group (one small all-gather; collective). The one way
+    /// totals are computed, on every backend ([`run_rank`]).
     pub fn gather(group: &Group, mine: &WorkerResult) -> Result<Self, RunError> {
         let all = group.all_gather_u64(&[
             mine.traffic.bytes,
@@ -952,6 +937,42 @@ pub fn save_checkpoint(
     Ok(())
 }
 
+/// What one rank's run ends with: its own result, the totals over every rank, and the job's
+/// training wall time (the slowest rank's).
+#[derive(Debug, Clone)]
+pub struct RankOutcome {
+    /// This rank's own result.
+    pub result: WorkerResult,
+    /// Communication, samples and per-rank evaluations summed over the group (the same on every
+    /// rank).
+    pub totals: RunTotals,
+    /// The slowest rank's training wall time in seconds (the job is as fast as its slowest
+    /// rank; the same on every rank).
+    pub wall_seconds: f64,
+}
+
+/// The per-rank run every backend executes (threads: one per thread, [`train_threads`]; MPI and
+/// NCCL: one per process): [`train_worker`], then the slowest rank's wall time and
+/// [`RunTotals::gather`]. Collective.
+pub fn run_rank(
+    cfg: &TrainConfig,
+    group: Group,
+    data: &TrainTest,
+    run_dir: Option<&Path>,
+    progress: Option<Progress>,
+) -> Result<RankOutcome, RunError> {
+    let started = Instant::now();
+    let result = train_worker(cfg, group.clone(), data, run_dir, progress)?;
+    let mut wall = [started.elapsed().as_secs_f64()];
+    group.all_reduce_slice(&mut wall, localsgd_comm::ReduceOp::Max)?;
+    let totals = RunTotals::gather(&group, &result)?;
+    Ok(RankOutcome {
+        result,
+        totals,
+        wall_seconds: wall[0],
+    })
+}
+
 /// Run all ranks as threads of this process; results in rank order. A worker that panics is
 /// reported as a communication failure of its peers plus the panic itself.
 pub fn train_threads(
@@ -959,7 +980,7 @@ pub fn train_threads(
     data: &TrainTest,
     run_dir: Option<&Path>,
     progress: Option<Progress>,
-) -> Result<Vec<WorkerResult>, RunError> {
+) -> Result<Vec<RankOutcome>, RunError> {
     let world = localsgd_comm::ThreadWorld::new(cfg.workers)?
         .with_timeout(Duration::from_secs(cfg.timeout_secs));
     let progress = std::sync::Mutex::new(progress);
@@ -970,7 +991,7 @@ pub fn train_threads(
             } else {
                 None
             };
-            train_worker(cfg, group, data, run_dir, p)
+            run_rank(cfg, group, data, run_dir, p)
         })
         .map_err(|p| RunError::WorkerPanicked {
             rank: p.rank,

@@ -14,7 +14,7 @@ fn accuracy(algorithm: AlgorithmKind, seed: u64) -> f64 {
     };
     let data = load_data(&cfg).unwrap();
     let results = train_threads(&cfg, &data, None, None).unwrap();
-    results[0].test_accuracy
+    results[0].result.test_accuracy
 }
 
 #[test]

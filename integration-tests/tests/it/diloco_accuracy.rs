@@ -19,8 +19,8 @@ fn run(seed: u64, tweak: impl Fn(&mut TrainConfig)) -> (f64, u64) {
     tweak(&mut cfg);
     let data = load_data(&cfg).unwrap();
     let results = train_threads(&cfg, &data, None, None).unwrap();
-    let bytes = results.iter().map(|r| r.traffic.bytes).sum();
-    (results[0].test_accuracy, bytes)
+    let bytes = results[0].totals.bytes;
+    (results[0].result.test_accuracy, bytes)
 }
 
 fn diloco(c: &mut TrainConfig) {

@@ -2,7 +2,7 @@
 //! refuses checkpoints from runs with another world size or algorithm.
 
 use localsgd_trainer::config::{AlgorithmKind, DatasetKind, OptimizerKind, TrainConfig};
-use localsgd_trainer::run::{load_data, train_threads};
+use localsgd_trainer::run::{RankOutcome, WorkerResult, load_data, train_threads};
 
 fn config(
     dir: &std::path::Path,
@@ -61,7 +61,10 @@ fn check_resume_with(
     // 160 training rows / 2 ranks / batch 16 = 5 batches per epoch: 13 steps cross two epoch
     // boundaries, and the stop at 7 is mid-epoch.
     cfg.steps = Some(13);
-    let straight = train_threads(&cfg, &data, Some(straight_dir.path()), None).unwrap();
+    let results = |outcomes: Vec<RankOutcome>| -> Vec<WorkerResult> {
+        outcomes.into_iter().map(|o| o.result).collect()
+    };
+    let straight = results(train_threads(&cfg, &data, Some(straight_dir.path()), None).unwrap());
 
     let mut first = config(resumed_dir.path(), algorithm, optimizer);
     first.overlap = overlap;
@@ -84,7 +87,7 @@ fn check_resume_with(
     let mut second = first.clone();
     second.steps = Some(13);
     second.resume = true;
-    let resumed = train_threads(&second, &data, Some(resumed_dir.path()), None).unwrap();
+    let resumed = results(train_threads(&second, &data, Some(resumed_dir.path()), None).unwrap());
 
     for (a, b) in straight.iter().zip(&resumed) {
         assert_eq!(a.iterations, 13);
