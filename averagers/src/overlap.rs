@@ -35,7 +35,7 @@ use crate::average::check_agreement;
 use crate::error::AveragerError;
 use burn::module::Module;
 use localsgd_comm::params::{FlatBuffer, FlatLayout, ParamSelection, flatten_params, write_params};
-use localsgd_comm::{AsyncGroup, CommError, Group, Pending};
+use localsgd_comm::{AsyncGroup, Group, Pending};
 
 /// A started average, recorded for a checkpoint (its collective completed, not yet applied).
 #[derive(Debug, Clone, PartialEq)]
@@ -292,14 +292,15 @@ impl Overlap {
         }
         check_agreement(group, &flat)?;
         let members = group.world_ranks().to_vec();
-        let side = match self.groups.iter().position(|(m, _)| *m == members) {
-            Some(i) => &mut self.groups[i].1,
+        let i = match self.groups.iter().position(|(m, _)| *m == members) {
+            Some(i) => i,
             None => {
                 self.groups
                     .push((members.clone(), AsyncGroup::new(group.clone())?));
-                &mut self.groups.last_mut().ok_or_else(lost)?.1
+                self.groups.len() - 1
             }
         };
+        let side = &mut self.groups[i].1;
         let indices = flat.layout.entries.iter().map(|e| e.index).collect();
         let transfer = match (&flat.buffer, self.spare.take()) {
             (FlatBuffer::F32(v), Some(FlatBuffer::F32(mut b))) if b.len() == v.len() => {
@@ -322,12 +323,6 @@ impl Overlap {
         });
         Ok(())
     }
-}
-
-fn lost() -> AveragerError {
-    AveragerError::Comm(CommError::InvalidConfig(
-        "the non-blocking group just created is missing".into(),
-    ))
 }
 
 /// `x <- a + (x - s)`, element by element.

@@ -395,7 +395,7 @@ impl<M: Module> Pipeline<M> {
         };
         let traffic_start = self.group.traffic();
         let mut times = PhaseTimes::default();
-        let mut model = Some(model);
+        let mut model = model;
         let micro = self.options.accumulate.max(1);
         let mut batches: Vec<B> = Vec::with_capacity(micro);
         let mut loss_value = 0f32;
@@ -410,9 +410,8 @@ impl<M: Module> Pipeline<M> {
         for phase in ITERATION_ORDER {
             let started = Instant::now();
             let collectives_before = self.group.traffic().collectives;
-            let m = model
-                .take()
-                .ok_or_else(|| PipelineError::Config("model lost between phases".into()))?;
+            // Each phase takes the model and hands it on (moved, so none can lose it).
+            let m = model;
             let m = match phase {
                 Phase::FetchBatch => {
                     while batches.len() < micro {
@@ -606,7 +605,7 @@ impl<M: Module> Pipeline<M> {
                     m
                 }
             };
-            model = Some(m);
+            model = m;
             // Waiting for in-flight gradients inside the optimizer phase was booked as
             // gradient-sync time above.
             times.add(phase, started.elapsed().saturating_sub(waiting_total));
@@ -614,8 +613,6 @@ impl<M: Module> Pipeline<M> {
             self.observe(phase, collectives_before);
         }
 
-        let model =
-            model.ok_or_else(|| PipelineError::Config("model lost after iteration".into()))?;
         let report = IterationReport {
             iteration: self.iteration,
             loss: loss_value,
