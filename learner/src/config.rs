@@ -161,7 +161,9 @@ impl StrategyConfig {
     /// The algorithm parts' description, validated, for a run on `world` ranks.
     pub(crate) fn spec(&self, world: usize) -> Result<AlgorithmSpec, StrategyError> {
         self.validate(world)?;
-        let mut spec = AlgorithmSpec::from_config(&self.train_config(world))
+        let mut spec = self
+            .train_config(world)
+            .algorithm_spec()
             .map_err(|e| StrategyError::Config(e.to_string()))?;
         spec.period = self.period;
         // The strategy syncs bucket by bucket, blocking: no helper communicator.

@@ -125,7 +125,7 @@ pub(crate) fn prepare_run_dir(cfg: &TrainConfig) -> Result<PathBuf> {
     if cfg.resume {
         // Refuse a checkpoint of another run before anything in its directory is rewritten
         // (config.toml would otherwise describe the refused settings).
-        let spec = localsgd_trainer::algorithm::AlgorithmSpec::from_config(cfg)?;
+        let spec = cfg.algorithm_spec()?;
         let identity = run::run_identity(&spec, cfg.workers);
         CheckpointDir::new(&dir).check_latest(&identity)?;
     }

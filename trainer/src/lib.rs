@@ -1,15 +1,19 @@
 //! # localsgd-trainer
 //!
-//! The phase-ordered training pipeline ([`pipeline`]), checkpoints ([`checkpoint`]), the run
-//! configuration ([`config`]) and the pieces of the `localsgd` binary: data sets ([`data`]), the
-//! models ([`model`]'s MLP, [`cnn`] with [`batch_norm`], both behind [`classifier`]), PyTorch
-//! weight import and export ([`init_weights`]), metrics and plots.
+//! The `localsgd` application: the run configuration ([`config`], TOML and flags), data sets
+//! ([`data`]), the models ([`model`]'s MLP, [`cnn`] with [`batch_norm`], both behind
+//! [`classifier`]), PyTorch weight import and export ([`init_weights`], [`export`]), metrics,
+//! plots, the cost model ([`plan`]) and the per-rank run ([`run`]) that the binary launches.
+//! The distributed loop itself is the library crate `localsgd-pipeline`; its modules
+//! ([`pipeline`], [`algorithm`], [`checkpoint`], [`lr_schedule`]) are re-exported here under the
+//! same names, so `localsgd_trainer::pipeline::Pipeline` keeps working. A library user who wants
+//! only the loop depends on `localsgd-pipeline` and pulls in no command-line crate.
 #![deny(missing_docs)]
 
-pub mod algorithm;
+pub use localsgd_pipeline::{algorithm, checkpoint, lr_schedule, pipeline};
+
 pub mod atomic;
 pub mod batch_norm;
-pub mod checkpoint;
 pub mod classifier;
 pub mod cli;
 pub mod cnn;
@@ -20,10 +24,8 @@ pub mod export;
 pub mod fault;
 pub mod init_weights;
 pub mod limits;
-pub mod lr_schedule;
 pub mod metrics;
 pub mod model;
-pub mod pipeline;
 pub mod plan;
 pub mod plot;
 pub mod run;

@@ -40,6 +40,9 @@ pub const MODEL_FILE: &str = "model.safetensors";
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RunError {
+    /// A setting is invalid (the message names it).
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
     /// Loading data failed.
     #[error("data: {0}")]
     Data(#[from] DataError),
@@ -606,7 +609,7 @@ pub fn train_worker(
         }
         None => cfg,
     };
-    let spec = AlgorithmSpec::from_config(cfg)?;
+    let spec = cfg.algorithm_spec()?;
     let identity = run_identity(&spec, world);
     let parts = algorithm::build(&spec, &group)?;
     let options = PipelineOptions {

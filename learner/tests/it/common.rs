@@ -181,13 +181,14 @@ pub fn run_pipeline_accumulating(
 ) -> Vec<f32> {
     let (train, _) = loaders();
     let world = ThreadWorld::new(config.workers).unwrap();
-    let spec = algorithm::AlgorithmSpec::from_config(&TrainConfig {
+    let spec = TrainConfig {
         algorithm: config.algorithm,
         workers: config.workers,
         warmup: config.warmup,
         period: config.period.unwrap_or(1),
         ..TrainConfig::default()
-    })
+    }
+    .algorithm_spec()
     .unwrap();
     let results = world
         .run(|group| {

@@ -4,7 +4,6 @@
 
 use crate::one_process_per_rank;
 
-use localsgd_trainer::algorithm::AlgorithmSpec;
 use localsgd_trainer::checkpoint::{CheckpointDir, RunIdentity};
 use localsgd_trainer::config::{AlgorithmKind, DatasetKind, TrainConfig};
 use std::process::{Command, Stdio};
@@ -54,7 +53,7 @@ fn identity(extra: &[&str]) -> RunIdentity {
     }
     RunIdentity {
         world_size: cfg.workers,
-        algorithm: AlgorithmSpec::from_config(&cfg).unwrap().identity(),
+        algorithm: cfg.algorithm_spec().unwrap().identity(),
     }
 }
 

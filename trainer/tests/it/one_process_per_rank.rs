@@ -6,7 +6,6 @@
 #![cfg_attr(not(any(feature = "mpi", feature = "nccl")), allow(dead_code))]
 
 use localsgd_comm::params::FlatBuffer;
-use localsgd_trainer::algorithm::AlgorithmSpec;
 use localsgd_trainer::checkpoint::{CheckpointDir, RunIdentity};
 use localsgd_trainer::config::{AlgorithmKind, TrainConfig};
 use std::path::Path;
@@ -74,7 +73,7 @@ pub fn final_params(dir: &Path, workers: usize) -> Vec<Vec<f32>> {
     };
     let identity = RunIdentity {
         world_size: workers,
-        algorithm: AlgorithmSpec::from_config(&cfg).unwrap().identity(),
+        algorithm: cfg.algorithm_spec().unwrap().identity(),
     };
     (0..workers)
         .map(|r| {

@@ -73,7 +73,7 @@ fn check_resume_with(
     train_threads(&first, &data, Some(resumed_dir.path()), None).unwrap();
     if overlap > 0 {
         // The stop must fall inside an overlap window, or this would test blocking resume.
-        let spec = localsgd_trainer::algorithm::AlgorithmSpec::from_config(&first).unwrap();
+        let spec = first.algorithm_spec().unwrap();
         let identity = localsgd_trainer::run::run_identity(&spec, first.workers);
         let dir = localsgd_trainer::checkpoint::CheckpointDir::new(resumed_dir.path());
         for rank in 0..first.workers {
@@ -192,7 +192,7 @@ fn streaming_diloco_resumes_bit_identically_with_a_pseudo_gradient_in_flight() {
     cfg.steps = Some(7);
     let data = load_data(&cfg).unwrap();
     train_threads(&cfg, &data, Some(dir.path()), None).unwrap();
-    let spec = localsgd_trainer::algorithm::AlgorithmSpec::from_config(&cfg).unwrap();
+    let spec = cfg.algorithm_spec().unwrap();
     let identity = localsgd_trainer::run::run_identity(&spec, cfg.workers);
     let ckpts = localsgd_trainer::checkpoint::CheckpointDir::new(dir.path());
     for rank in 0..cfg.workers {
@@ -217,7 +217,7 @@ fn an_outer_run_without_saved_outer_state_is_refused() {
     cfg.steps = Some(4);
     let data = load_data(&cfg).unwrap();
     train_threads(&cfg, &data, Some(dir.path()), None).unwrap();
-    let spec = localsgd_trainer::algorithm::AlgorithmSpec::from_config(&cfg).unwrap();
+    let spec = cfg.algorithm_spec().unwrap();
     let identity = localsgd_trainer::run::run_identity(&spec, cfg.workers);
     let ckpts = CheckpointDir::new(dir.path());
     let stripped: Vec<_> = (0..cfg.workers)

@@ -9,7 +9,7 @@
 //! cosine schedules agree with PyTorch's closed forms.
 //!
 //! ```
-//! use localsgd_trainer::lr_schedule::LrSchedule;
+//! use localsgd_pipeline::lr_schedule::LrSchedule;
 //! let s = LrSchedule::Step { base: 0.1, step_size: 2, gamma: 0.5 };
 //! assert_eq!((0..5).map(|k| s.lr(k)).collect::<Vec<_>>(), vec![0.1, 0.1, 0.05, 0.05, 0.025]);
 //! ```

@@ -1,8 +1,8 @@
 //! Turning an algorithm choice into pipeline parts: a comm hook (with its bucket reducer) and a
 //! model averager. Custom combinations can skip this and hand parts to the pipeline directly.
 
-use crate::config::{AlgorithmKind, Compression, OuterSettings, PipelineBuckets, TrainConfig};
 use crate::pipeline::PipelineError;
+use crate::settings::{AlgorithmKind, Compression, OuterSettings, PipelineBuckets};
 use localsgd_averagers::{
     HierarchicalModelAverager, Level, ModelAverager, OuterAverager, OuterOptimizer,
     PeriodicModelAverager,
@@ -42,29 +42,6 @@ pub struct AlgorithmSpec {
 }
 
 impl AlgorithmSpec {
-    /// The algorithm settings of a run configuration (levels must already be valid).
-    pub fn from_config(cfg: &TrainConfig) -> Result<Self, PipelineError> {
-        let mib = |x: f64| (x * 1024.0 * 1024.0) as usize;
-        Ok(Self {
-            kind: cfg.algorithm,
-            warmup: cfg.warmup,
-            period: Some(cfg.period),
-            overlap: cfg.overlap,
-            levels: cfg.levels.as_slice().to_vec(),
-            subgroup_size: cfg.subgroup_size,
-            post_local_allreduce: cfg.post_local_allreduce,
-            pipeline_buckets: cfg.pipeline_buckets,
-            caps: BucketCaps {
-                first_bytes: mib(cfg.first_bucket_mb).max(1),
-                rest_bytes: mib(cfg.bucket_cap_mb).max(1),
-            },
-            compression: cfg.compression,
-            outer: cfg
-                .outer_settings()
-                .map_err(|e| PipelineError::Config(e.to_string()))?,
-        })
-    }
-
     /// A one-line description, stored in checkpoints to refuse resuming with other settings.
     pub fn identity(&self) -> String {
         // Overlap appears only when on, so checkpoints of blocking runs keep their identity.
@@ -106,6 +83,27 @@ impl AlgorithmSpec {
             self.post_local_allreduce,
             self.compression
         ) + &outer
+    }
+}
+
+impl Default for AlgorithmSpec {
+    /// DDP with the binary's defaults for everything else: no warmup, no period, blocking
+    /// averaging, no levels, the intra-node subgroup, no post-local gradient all-reduce,
+    /// `PipelineBuckets::Auto`, 1 MiB / 25 MiB buckets (PyTorch's), no compression.
+    fn default() -> Self {
+        Self {
+            kind: AlgorithmKind::Ddp,
+            warmup: 0,
+            period: None,
+            overlap: 0,
+            levels: Vec::new(),
+            subgroup_size: None,
+            post_local_allreduce: false,
+            pipeline_buckets: PipelineBuckets::Auto,
+            caps: BucketCaps::default(),
+            compression: Compression::None,
+            outer: None,
+        }
     }
 }
 

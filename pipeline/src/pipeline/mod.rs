@@ -83,17 +83,8 @@ impl Default for PipelineOptions {
 /// require a gradient ([`ParamSelection::buffers`]): burn's `RunningState` (BatchNorm's running
 /// mean and variance) and frozen parameters. A model without any costs nothing whatever the
 /// policy.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Default,
-    serde::Serialize,
-    serde::Deserialize,
-    clap::ValueEnum,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "kebab-case")]
 pub enum BufferPolicy {
     /// Every iteration, before the forward pass, every rank takes rank 0's buffers (one fused

@@ -1,0 +1,37 @@
+//! # localsgd-pipeline
+//!
+//! The distributed training loop as a library, for your own burn loop: the phase-ordered
+//! [`pipeline`] (fetch, agree on data, forward/backward, gradient sync, optimizer step, model
+//! averaging, metrics, checkpoint), the [`algorithm`] settings and the hook and averager each
+//! algorithm builds ([`settings`] holds the plain setting types), PyTorch-style learning-rate
+//! schedules ([`lr_schedule`]), and per-rank [`checkpoint`]s. It depends on burn and the
+//! workspace's comm, hooks and averagers crates, and on no command-line crate (`clap` only with
+//! the `clap` feature). The `localsgd` application (`localsgd-trainer`: configuration files and
+//! flags, data sets, models, metrics files, plots, launch) is built on it and re-exports these
+//! modules under the same names.
+//!
+//! ```
+//! use localsgd_comm::ThreadWorld;
+//! use localsgd_pipeline::algorithm::{AlgorithmSpec, build};
+//! use localsgd_pipeline::settings::AlgorithmKind;
+//!
+//! let spec = AlgorithmSpec {
+//!     kind: AlgorithmKind::PostLocalSgd,
+//!     warmup: 10,
+//!     period: Some(4),
+//!     ..AlgorithmSpec::default()
+//! };
+//! let kinds = ThreadWorld::new(2)?.run(|world| {
+//!     let parts = build(&spec, &world).unwrap();
+//!     parts.averager.map(|a| a.state().config.to_string())
+//! })?;
+//! assert_eq!(kinds[0].as_deref(), Some("periodic(period 4, warmup_steps 10)"));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+#![deny(missing_docs)]
+
+pub mod algorithm;
+pub mod checkpoint;
+pub mod lr_schedule;
+pub mod pipeline;
+pub mod settings;
