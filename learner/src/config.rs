@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use localsgd_trainer::algorithm::AlgorithmSpec;
-pub use localsgd_trainer::config::{AlgorithmKind, Levels};
-use localsgd_trainer::config::{PipelineBuckets, TrainConfig};
-pub use localsgd_trainer::pipeline::BufferPolicy;
+use localsgd_pipeline::algorithm::AlgorithmSpec;
+pub use localsgd_pipeline::pipeline::BufferPolicy;
+use localsgd_pipeline::settings::PipelineBuckets;
+pub use localsgd_pipeline::settings::{AlgorithmKind, Levels};
 
 /// Why a [`StrategyConfig`] cannot run.
 #[derive(Debug, thiserror::Error)]
@@ -119,7 +119,7 @@ impl StrategyConfig {
             return Err(StrategyError::Config(format!(
                 "invalid setting `algorithm` = {}: the burn-train strategy does not take outer \
                  optimizer steps yet (valid here: ddp, local-sgd, post-local-sgd, hierarchical); \
-                 train DiLoCo or SlowMo with localsgd_trainer's Pipeline or `localsgd train`",
+                 train DiLoCo or SlowMo with localsgd_pipeline's Pipeline or `localsgd train`",
                 self.algorithm.name()
             )));
         }
@@ -137,37 +137,35 @@ impl StrategyConfig {
                     .into(),
             ));
         }
-        self.train_config(world)
-            .validate()
+        if world == 0 {
+            return Err(StrategyError::Config(
+                "invalid setting `workers` = 0: at least 1 worker".into(),
+            ));
+        }
+        self.algorithm_spec()
+            .validate(world)
             .map_err(|e| StrategyError::Config(e.to_string()))
     }
 
-    /// The binary's configuration with these settings (the one place its rules live).
-    fn train_config(&self, world: usize) -> TrainConfig {
-        TrainConfig {
-            algorithm: self.algorithm,
-            workers: world,
+    /// These settings as the pipeline's algorithm settings (whose rules
+    /// [`AlgorithmSpec::validate`] checks: the same as the `localsgd` binary's). The strategy
+    /// syncs bucket by bucket, blocking: no helper communicator for pipelined buckets.
+    fn algorithm_spec(&self) -> AlgorithmSpec {
+        AlgorithmSpec {
+            kind: self.algorithm,
             warmup: self.warmup,
-            period: self.period.unwrap_or(TrainConfig::default().period),
-            levels: self.levels.clone(),
+            period: self.period,
+            levels: self.levels.as_slice().to_vec(),
             subgroup_size: self.subgroup_size,
             post_local_allreduce: self.post_local_allreduce,
-            broadcast_start: self.broadcast_start,
-            buffers: self.buffers,
-            ..TrainConfig::default()
+            pipeline_buckets: PipelineBuckets::Off,
+            ..AlgorithmSpec::default()
         }
     }
 
     /// The algorithm parts' description, validated, for a run on `world` ranks.
     pub(crate) fn spec(&self, world: usize) -> Result<AlgorithmSpec, StrategyError> {
         self.validate(world)?;
-        let mut spec = self
-            .train_config(world)
-            .algorithm_spec()
-            .map_err(|e| StrategyError::Config(e.to_string()))?;
-        spec.period = self.period;
-        // The strategy syncs bucket by bucket, blocking: no helper communicator.
-        spec.pipeline_buckets = PipelineBuckets::Off;
-        Ok(spec)
+        Ok(self.algorithm_spec())
     }
 }

@@ -18,8 +18,8 @@ use localsgd_averagers::{AverageParameters, ModelAverager, broadcast_in_group};
 use localsgd_comm::params::ParamSelection;
 use localsgd_comm::{Group, GroupExt};
 use localsgd_hooks::{CommHook, GradientReducer};
-use localsgd_trainer::algorithm::{self, AlgorithmSpec};
-use localsgd_trainer::pipeline::{
+use localsgd_pipeline::algorithm::{self, AlgorithmSpec};
+use localsgd_pipeline::pipeline::{
     BufferPolicy, average_buffers, broadcast_buffers, settle_if_buffers,
 };
 

@@ -2,10 +2,12 @@
 //! model averager. Custom combinations can skip this and hand parts to the pipeline directly.
 
 use crate::pipeline::PipelineError;
-use crate::settings::{AlgorithmKind, Compression, OuterSettings, PipelineBuckets};
+use crate::settings::{
+    AlgorithmKind, Compression, Levels, OuterSettings, PipelineBuckets, SettingError,
+};
 use localsgd_averagers::{
     HierarchicalModelAverager, Level, ModelAverager, OuterAverager, OuterOptimizer,
-    PeriodicModelAverager,
+    PeriodicModelAverager, validate_levels,
 };
 use localsgd_comm::Group;
 use localsgd_hooks::{
@@ -42,6 +44,111 @@ pub struct AlgorithmSpec {
 }
 
 impl AlgorithmSpec {
+    /// Check every rule these settings must follow on `world` ranks, before any rank
+    /// communicates: the one place the algorithm rules live (the `localsgd` binary's
+    /// configuration and the burn-train strategy call it). The error names the setting as the
+    /// binary's TOML file and flags do. The outer optimizer's own settings are checked when
+    /// they are resolved into [`OuterSettings`].
+    pub fn validate(&self, world: usize) -> Result<(), SettingError> {
+        if i64::try_from(self.warmup).is_err() {
+            return Err(SettingError::new(
+                "warmup",
+                self.warmup,
+                format!("at most {} (PyTorch's step counter is an i64)", i64::MAX),
+            ));
+        }
+        let averages = matches!(
+            self.kind,
+            AlgorithmKind::LocalSgd | AlgorithmKind::PostLocalSgd
+        );
+        let outer_levels = self.kind.is_outer() && !self.levels.is_empty();
+        let needs_period = averages || (self.kind.is_outer() && !outer_levels);
+        let period = match self.period {
+            Some(0) if needs_period => {
+                return Err(SettingError::new(
+                    "period",
+                    0,
+                    "period must be positive (1 or more)",
+                ));
+            }
+            None if needs_period => {
+                return Err(SettingError::new(
+                    "period",
+                    "unset",
+                    format!(
+                        "1 or more: `{}` averages the models every `period` steps",
+                        self.kind.name()
+                    ),
+                ));
+            }
+            p => p.unwrap_or(0),
+        };
+        if self.overlap > 0 && self.kind.is_outer() {
+            return Err(SettingError::new(
+                "overlap",
+                self.overlap,
+                format!(
+                    "`0`: `{}` takes its outer step on the synchronised average at the \
+                     synchronisation step itself, so its averages cannot be overlapped",
+                    self.kind.name()
+                ),
+            ));
+        }
+        if self.overlap > 0 && !averages {
+            return Err(SettingError::new(
+                "overlap",
+                self.overlap,
+                format!(
+                    "`0`: overlapped averaging works with the periodic averaging of `local-sgd` \
+                     and `post-local-sgd`; algorithm `{}` {}",
+                    self.kind.name(),
+                    if self.kind == AlgorithmKind::Ddp {
+                        "does not average models"
+                    } else {
+                        "does not support it yet"
+                    }
+                ),
+            ));
+        }
+        if averages && self.overlap > period {
+            return Err(SettingError::new(
+                "overlap",
+                self.overlap,
+                format!(
+                    "0 (blocking) to the period {period}: each average must be applied before \
+                     the next starts"
+                ),
+            ));
+        }
+        if self.kind == AlgorithmKind::Hierarchical || outer_levels {
+            let levels = Levels::from(self.levels.clone());
+            validate_levels(&self.levels, world).map_err(|e| {
+                SettingError::new(
+                    "levels",
+                    format!("{:?}", levels.to_string()),
+                    format!("{e} ({world} workers)"),
+                )
+            })?;
+        }
+        if let Some(s) = self.subgroup_size
+            && let Err(e) = localsgd_comm::validate_subgroup_size(s, world)
+        {
+            return Err(SettingError::new(
+                "subgroup-size",
+                s,
+                format!("{e} ({world} workers)"),
+            ));
+        }
+        if self.compression != Compression::None && self.kind == AlgorithmKind::LocalSgd {
+            return Err(SettingError::new(
+                "compression",
+                format!("{:?}", self.compression).to_lowercase(),
+                "\"none\": local-sgd communicates no gradients to compress",
+            ));
+        }
+        Ok(())
+    }
+
     /// A one-line description, stored in checkpoints to refuse resuming with other settings.
     pub fn identity(&self) -> String {
         // Overlap appears only when on, so checkpoints of blocking runs keep their identity.

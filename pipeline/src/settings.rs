@@ -2,7 +2,7 @@
 //! algorithm, the outer optimizer, bucket pipelining and gradient compression. Plain types
 //! (serde; `clap::ValueEnum` only with this crate's `clap` feature, for command lines).
 
-use localsgd_averagers::{OuterOptimizer, PseudoGradient, StreamingConfig};
+use localsgd_averagers::{Level, OuterOptimizer, PseudoGradient, StreamingConfig};
 use localsgd_comm::Precision;
 use serde::{Deserialize, Serialize};
 
@@ -98,4 +98,111 @@ pub enum Compression {
     Fp16,
     /// bfloat16.
     Bf16,
+}
+
+/// A setting with a value that cannot work. Names the setting and what would be valid.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid setting `{setting}` = {value}: {valid}")]
+pub struct SettingError {
+    /// The setting's name (as in the TOML file and the flag).
+    pub setting: &'static str,
+    /// The value given.
+    pub value: String,
+    /// What would be valid.
+    pub valid: String,
+}
+
+impl SettingError {
+    /// `setting` (its name in the binary's TOML file and flags) has `value`; `valid` says what
+    /// would be valid.
+    pub fn new(setting: &'static str, value: impl ToString, valid: impl ToString) -> Self {
+        Self {
+            setting,
+            value: value.to_string(),
+            valid: valid.to_string(),
+        }
+    }
+}
+
+/// Hierarchical levels, parsed once from their text form `"2:2,4:4"` (`period:group-size` pairs,
+/// comma-separated; `""` for none): the `levels` setting in TOML (a string, as before) and on
+/// the command line. The rules a set of levels must follow over the workers are the averagers'
+/// ([`validate_levels`](localsgd_averagers::validate_levels)), checked by
+/// [`AlgorithmSpec::validate`](crate::algorithm::AlgorithmSpec::validate).
+///
+/// ```
+/// use localsgd_pipeline::settings::Levels;
+///
+/// let levels: Levels = "2:2, 8:4".parse().unwrap();
+/// assert_eq!(levels.as_slice()[1].period, 8);
+/// assert_eq!(levels.to_string(), "2:2,8:4");
+/// assert!("2:x".parse::<Levels>().is_err());
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Levels(pub Vec<Level>);
+
+impl Levels {
+    /// The levels, in order.
+    pub fn as_slice(&self) -> &[Level] {
+        &self.0
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl From<Vec<Level>> for Levels {
+    fn from(levels: Vec<Level>) -> Self {
+        Self(levels)
+    }
+}
+
+impl std::str::FromStr for Levels {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let invalid = || {
+            format!(
+                "{text:?} is not a list of levels: expected comma-separated `period:group-size` \
+                 pairs of non-negative integers, e.g. \"2:2,4:4\", or \"\" for none"
+            )
+        };
+        text.split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|pair| {
+                let (p, s) = pair.split_once(':').ok_or_else(invalid)?;
+                let period = p.trim().parse::<u64>().map_err(|_| invalid())?;
+                let group_size = s.trim().parse::<usize>().map_err(|_| invalid())?;
+                Ok(Level { period, group_size })
+            })
+            .collect::<Result<Vec<_>, String>>()
+            .map(Levels)
+    }
+}
+
+impl std::fmt::Display for Levels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let parts: Vec<String> = self
+            .0
+            .iter()
+            .map(|l| format!("{}:{}", l.period, l.group_size))
+            .collect();
+        f.write_str(&parts.join(","))
+    }
+}
+
+impl Serialize for Levels {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.to_string())
+    }
+}
+
+impl<'de> Deserialize<'de> for Levels {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
 }

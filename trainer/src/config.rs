@@ -2,12 +2,12 @@
 //! command-line flags of the same names, validated before anything is written.
 
 pub use crate::pipeline::BufferPolicy;
-use localsgd_averagers::{
-    Level, OuterOptimizer, OuterSgdConfig, PseudoGradient, StreamingConfig, validate_levels,
-};
+use localsgd_averagers::{OuterOptimizer, OuterSgdConfig, PseudoGradient, StreamingConfig};
 use localsgd_comm::Precision;
 use localsgd_pipeline::algorithm::AlgorithmSpec;
-pub use localsgd_pipeline::settings::{AlgorithmKind, Compression, OuterSettings, PipelineBuckets};
+pub use localsgd_pipeline::settings::{
+    AlgorithmKind, Compression, Levels, OuterSettings, PipelineBuckets, SettingError,
+};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -364,107 +364,12 @@ impl Default for TrainConfig {
     }
 }
 
-/// A setting with a value that cannot work. Names the setting and what would be valid.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid setting `{setting}` = {value}: {valid}")]
-pub struct ConfigError {
-    /// The setting's name (as in the TOML file and the flag).
-    pub setting: &'static str,
-    /// The value given.
-    pub value: String,
-    /// What would be valid.
-    pub valid: String,
-}
+/// A setting with a value that cannot work (the library's [`SettingError`], under the name
+/// the application has always used).
+pub type ConfigError = SettingError;
 
 fn bad(setting: &'static str, value: impl ToString, valid: impl ToString) -> ConfigError {
-    ConfigError {
-        setting,
-        value: value.to_string(),
-        valid: valid.to_string(),
-    }
-}
-
-/// Hierarchical levels, parsed once from their text form `"2:2,4:4"` (`period:group-size` pairs,
-/// comma-separated; `""` for none): the `levels` setting in TOML (a string, as before) and on
-/// the command line. The rules a set of levels must follow over the workers are the averagers'
-/// ([`validate_levels`](localsgd_averagers::validate_levels)), checked by
-/// [`TrainConfig::validate`].
-///
-/// ```
-/// use localsgd_trainer::config::Levels;
-///
-/// let levels: Levels = "2:2, 8:4".parse().unwrap();
-/// assert_eq!(levels.as_slice()[1].period, 8);
-/// assert_eq!(levels.to_string(), "2:2,8:4");
-/// assert!("2:x".parse::<Levels>().is_err());
-/// ```
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Levels(pub Vec<Level>);
-
-impl Levels {
-    /// The levels, in order.
-    pub fn as_slice(&self) -> &[Level] {
-        &self.0
-    }
-
-    /// Whether there are none.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-}
-
-impl From<Vec<Level>> for Levels {
-    fn from(levels: Vec<Level>) -> Self {
-        Self(levels)
-    }
-}
-
-impl std::str::FromStr for Levels {
-    type Err = String;
-
-    fn from_str(text: &str) -> Result<Self, String> {
-        let invalid = || {
-            format!(
-                "{text:?} is not a list of levels: expected comma-separated `period:group-size` \
-                 pairs of non-negative integers, e.g. \"2:2,4:4\", or \"\" for none"
-            )
-        };
-        text.split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(|pair| {
-                let (p, s) = pair.split_once(':').ok_or_else(invalid)?;
-                let period = p.trim().parse::<u64>().map_err(|_| invalid())?;
-                let group_size = s.trim().parse::<usize>().map_err(|_| invalid())?;
-                Ok(Level { period, group_size })
-            })
-            .collect::<Result<Vec<_>, String>>()
-            .map(Levels)
-    }
-}
-
-impl std::fmt::Display for Levels {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let parts: Vec<String> = self
-            .0
-            .iter()
-            .map(|l| format!("{}:{}", l.period, l.group_size))
-            .collect();
-        f.write_str(&parts.join(","))
-    }
-}
-
-impl Serialize for Levels {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&self.to_string())
-    }
-}
-
-impl<'de> Deserialize<'de> for Levels {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        text.parse().map_err(serde::de::Error::custom)
-    }
+    SettingError::new(setting, value, valid)
 }
 
 impl TrainConfig {
@@ -726,77 +631,10 @@ impl TrainConfig {
         {
             return Err(bad("flush-denormals", true, format!("`false`: {e}")));
         }
-        if i64::try_from(self.warmup).is_err() {
-            return Err(bad(
-                "warmup",
-                self.warmup,
-                format!("at most {} (PyTorch's step counter is an i64)", i64::MAX),
-            ));
-        }
-        let averages = matches!(
-            self.algorithm,
-            AlgorithmKind::LocalSgd | AlgorithmKind::PostLocalSgd
-        );
-        let outer_levels = self.algorithm.is_outer() && !self.levels.is_empty();
-        if (averages || (self.algorithm.is_outer() && !outer_levels)) && self.period == 0 {
-            return Err(bad("period", 0, "period must be positive (1 or more)"));
-        }
-        self.outer_settings()?;
-        if self.overlap > 0 && self.algorithm.is_outer() {
-            return Err(bad(
-                "overlap",
-                self.overlap,
-                format!(
-                    "`0`: `{}` takes its outer step on the synchronised average at the \
-                     synchronisation step itself, so its averages cannot be overlapped",
-                    self.algorithm.name()
-                ),
-            ));
-        }
-        if self.overlap > 0 && !averages {
-            return Err(bad(
-                "overlap",
-                self.overlap,
-                format!(
-                    "`0`: overlapped averaging works with the periodic averaging of `local-sgd` \
-                     and `post-local-sgd`; algorithm `{}` {}",
-                    self.algorithm.name(),
-                    if self.algorithm == AlgorithmKind::Ddp {
-                        "does not average models"
-                    } else {
-                        "does not support it yet"
-                    }
-                ),
-            ));
-        }
-        if averages && self.overlap > self.period {
-            return Err(bad(
-                "overlap",
-                self.overlap,
-                format!(
-                    "0 (blocking) to the period {}: each average must be applied before the next starts",
-                    self.period
-                ),
-            ));
-        }
-        if self.algorithm == AlgorithmKind::Hierarchical || outer_levels {
-            validate_levels(self.levels.as_slice(), self.workers).map_err(|e| {
-                bad(
-                    "levels",
-                    format!("{:?}", self.levels.to_string()),
-                    format!("{e} ({} workers)", self.workers),
-                )
-            })?;
-        }
-        if let Some(s) = self.subgroup_size
-            && let Err(e) = localsgd_comm::validate_subgroup_size(s, self.workers)
-        {
-            return Err(bad(
-                "subgroup-size",
-                s,
-                format!("{e} ({} workers)", self.workers),
-            ));
-        }
+        // The algorithm rules (warmup, period, overlap, levels, subgroup size, compression)
+        // are the pipeline's, checked on the resolved spec (which also resolves and checks the
+        // outer optimizer's settings).
+        self.algorithm_spec()?.validate(self.workers)?;
         if !(self.bucket_cap_mb > 0.0 && self.bucket_cap_mb.is_finite()) {
             return Err(bad(
                 "bucket-cap-mb",
@@ -951,13 +789,6 @@ impl TrainConfig {
                     format!("a rank below `workers` = {}", self.workers),
                 ));
             }
-        }
-        if self.compression != Compression::None && self.algorithm == AlgorithmKind::LocalSgd {
-            return Err(bad(
-                "compression",
-                format!("{:?}", self.compression).to_lowercase(),
-                "\"none\": local-sgd communicates no gradients to compress",
-            ));
         }
         Ok(())
     }
