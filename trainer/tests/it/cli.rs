@@ -7,7 +7,8 @@ use localsgd_trainer::config::TrainConfig;
 use std::path::Path;
 use std::process::Command;
 
-fn localsgd(args: &[&str]) -> std::process::Output {
+/// Run the binary with `args` (shared by the modules that drive the binary).
+pub(crate) fn localsgd(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_localsgd"))
         .args(args)
         .output()
@@ -449,7 +450,8 @@ fn compare_refuses_a_one_process_per_rank_backend() {
     );
 }
 
-fn ok(out: &std::process::Output) -> String {
+/// The stdout of a run that must have succeeded (stderr in the failure message).
+pub(crate) fn ok(out: &std::process::Output) -> String {
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(
         out.status.success(),

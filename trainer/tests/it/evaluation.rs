@@ -51,33 +51,25 @@ fn the_test_loss_is_burns_cross_entropy_over_the_whole_test_set() {
 fn every_rank_writes_its_losses_and_they_average_to_the_world_mean() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_localsgd"))
-        .args([
-            "train",
-            "--workers",
-            "4",
-            "--warmup",
-            "10",
-            "--period",
-            "4",
-            "--steps",
-            "40",
-            "--log-every",
-            "3",
-            "--checkpoint-every",
-            "7",
-            "--progress",
-            "false",
-            "--run-dir",
-        ])
-        .arg(&run)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    crate::cli::ok(&crate::cli::localsgd(&[
+        "train",
+        "--workers",
+        "4",
+        "--warmup",
+        "10",
+        "--period",
+        "4",
+        "--steps",
+        "40",
+        "--log-every",
+        "3",
+        "--checkpoint-every",
+        "7",
+        "--progress",
+        "false",
+        "--run-dir",
+        run.to_str().unwrap(),
+    ]));
     let column = |file: &str, name: &str| -> Vec<String> {
         let text = std::fs::read_to_string(run.join(file)).unwrap();
         let mut lines = text.lines();

@@ -3,6 +3,7 @@
 //! PyTorch itself where torch is installed), the two commands write the same bytes, a pending
 //! overlapped average is applied, and bad input is refused before anything is written.
 
+use crate::cli::{localsgd, ok};
 use burn::tensor::Device;
 use localsgd_trainer::checkpoint::CheckpointDir;
 use localsgd_trainer::classifier::{ModelSpec, ModelSpec as Spec};
@@ -12,23 +13,6 @@ use localsgd_trainer::model::MlpConfig;
 use localsgd_trainer::run::evaluate;
 use std::path::Path;
 use std::process::{Command, Output};
-
-fn localsgd(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_localsgd"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn ok(out: &Output) -> String {
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
-}
 
 fn failed(out: &Output) -> String {
     assert!(
