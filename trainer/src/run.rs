@@ -6,7 +6,8 @@ use crate::checkpoint::{CheckpointDir, CheckpointError, RankCheckpoint, RunIdent
 use crate::classifier::{Classifier, Classify, ModelSpec};
 use crate::cnn::CnnConfig;
 use crate::config::{
-    Backend, DatasetKind, DeviceKind, LrScheduleKind, ModelKind, OptimizerKind, TrainConfig,
+    Backend, DatasetKind, DeviceKind, LrScheduleKind, ModelKind, OptimizerKind, SettingError,
+    TrainConfig,
 };
 use crate::data::{self, DataError, Dataset, ShardSampler, TrainTest};
 use crate::fault::{Fault, FaultKind};
@@ -570,99 +571,24 @@ pub fn train_worker(
     }
     let device = compute_device(cfg.device, &group)?;
     let mcfg = model_config(cfg, &data.train)?;
-    let mut model = match &cfg.init_weights {
+    let model = match &cfg.init_weights {
         Some(path) => load_pytorch_safetensors(path, &mcfg, &device)?,
         None => mcfg.init(cfg.seed, &device)?,
     };
-    // Optimizer steps per epoch: an incomplete accumulation at the epoch's end is not stepped.
-    let batches = ShardSampler::new(data.train.len(), world, rank)?.num_batches(cfg.batch_size)?;
-    let per_epoch = (batches / cfg.accumulate.max(1)) as u64;
-    if per_epoch == 0 {
-        return Err(PipelineError::Config(format!(
-            "invalid setting `accumulate` = {}: each rank's epoch has {batches} batches of {}, so \
-             at most {batches} micro-batches fit in an optimizer step",
-            cfg.accumulate, cfg.batch_size,
-        ))
-        .into());
-    }
-    let with_warmup;
-    let cfg = match cfg.warmup_epochs {
-        Some(epochs) => {
-            let mut c = cfg.clone();
-            c.warmup = epochs
-                .checked_mul(per_epoch)
-                .filter(|w| i64::try_from(*w).is_ok())
-                .ok_or_else(|| {
-                    PipelineError::Config(format!(
-                        "invalid setting `warmup-epochs` = {epochs}: {epochs} epochs of \
-                         {per_epoch} steps overflow the warmup counter"
-                    ))
-                })?;
-            tracing::info!(
-                epochs,
-                steps = c.warmup,
-                "warmup-epochs: the warmup is {} optimizer steps",
-                c.warmup
-            );
-            with_warmup = c;
-            &with_warmup
-        }
-        None => cfg,
-    };
+    let (cfg, per_epoch) = effective_settings(cfg, data, world, rank)?;
+    let cfg = cfg.as_ref();
     let spec = cfg.algorithm_spec()?;
     let identity = run_identity(&spec, world);
-    let parts = algorithm::build(&spec, &group)?;
-    let options = PipelineOptions {
-        lr: cfg.lr,
-        skip_non_finite: cfg.skip_non_finite,
-        metrics_every: cfg.log_every,
-        checkpoint_every: cfg.checkpoint_every,
-        broadcast_start: cfg.broadcast_start,
-        buffers: cfg.buffers,
-        clip_grad_norm: (cfg.clip_grad_norm > 0.0).then_some(cfg.clip_grad_norm),
-        accumulate: cfg.accumulate,
-    };
-    let mut pipeline = Pipeline::new(group.clone(), optimizer(cfg), options);
-    if let Some((hook, reducer)) = parts.sync {
-        pipeline = pipeline.with_gradient_sync(hook, reducer);
-    }
-    if let Some(averager) = parts.averager {
-        pipeline = pipeline.with_averager(averager);
-    }
     let ckpt_dir = run_dir.map(CheckpointDir::new);
-    if let Some(dir) = &ckpt_dir {
-        let dir = dir.clone();
-        let identity = identity.clone();
-        pipeline =
-            pipeline.with_checkpointer(Box::new(move |ctx: &CheckpointContext<'_, Classifier>| {
-                // Sealed, not yet published: rank 0 publishes it once this iteration's metrics
-                // row is synced (below), so the rows a resume keeps are exactly its iterations.
-                save_checkpoint(&dir, &identity, ctx, false)
-                    .map_err(|e| PipelineError::Checkpoint(Box::new(e)))
-            }));
-    }
-
-    let mut position = DataPosition::default();
-    let mut resume_done = None;
-    if cfg.resume {
+    let mut pipeline = build_pipeline(cfg, &spec, &identity, &group, ckpt_dir.as_ref())?;
+    let (mut model, position, resume_done) = if cfg.resume {
         let dir = ckpt_dir
             .as_ref()
             .ok_or_else(|| CheckpointError::Missing(Path::new("(no run directory)").into()))?;
-        let ckpt = dir.load_rank(rank, &identity)?;
-        let (m, opt) = ckpt.restore(model, optimizer(cfg))?;
-        model = m;
-        pipeline.restore(
-            ckpt.meta.iterations_done,
-            ckpt.meta.skipped_steps,
-            opt,
-            ckpt.meta.averager.as_ref(),
-            ckpt.meta.hook.as_ref(),
-            ckpt.pending_average(),
-            ckpt.outer.as_ref(),
-        )?;
-        position = ckpt.meta.data.unwrap_or_default();
-        resume_done = Some(ckpt.meta.iterations_done);
-    }
+        resume(dir, &identity, rank, cfg, model, &mut pipeline)?
+    } else {
+        (model, DataPosition::default(), None)
+    };
 
     let train = Arc::new(data.train.clone());
     let mut sampler = ShardSampler::new(train.len(), world, rank)?;
@@ -769,55 +695,23 @@ pub fn train_worker(
     // checkpoint phase saves them.
     let model = crate::pipeline::settle_if_buffers(model);
     if let Some(dir) = &ckpt_dir {
-        let done = pipeline.iteration();
-        let already = cfg.checkpoint_every > 0 && done.is_multiple_of(cfg.checkpoint_every);
-        // A resume that trained nothing keeps its checkpoint: saving it again would replace
-        // the directory `latest` names.
-        let unchanged = resume_done == Some(done);
-        if done > 0 && !already && !unchanged {
-            let ctx = CheckpointContext {
-                pending_average: pending_average.clone(),
-                outer: outer_state.clone(),
-                iterations_done: done,
-                skipped_steps: pipeline.skipped_steps(),
-                model: &model,
-                optimizer: pipeline.optimizer(),
-                averager: pipeline.averager().map(|a| a.state()),
-                hook: pipeline.hook().map(|h| h.state()),
-                data: loader.position(),
-                group: &group,
-            };
-            save_checkpoint(dir, &identity, &ctx, true)?;
-        }
+        let ctx = CheckpointContext {
+            pending_average,
+            outer: outer_state,
+            iterations_done: pipeline.iteration(),
+            skipped_steps: pipeline.skipped_steps(),
+            model: &model,
+            optimizer: pipeline.optimizer(),
+            averager: pipeline.averager().map(|a| a.state()),
+            hook: pipeline.hook().map(|h| h.state()),
+            data: loader.position(),
+            group: &group,
+        };
+        save_final_checkpoint(dir, &identity, &ctx, cfg.checkpoint_every, resume_done)?;
     }
 
     let model = pipeline.finish(model)?;
-    // Rank 0's own final model, in its PyTorch twin's state_dict layout.
-    if let (0, Some(dir)) = (rank, run_dir) {
-        save_pytorch_safetensors(&model, &dir.join(MODEL_FILE)).map_err(|e| RunError::Output {
-            what: MODEL_FILE.into(),
-            message: e.to_string(),
-        })?;
-    }
-    // `export` with `export-rank`: that rank writes its own model (on its host's file system).
-    if let Some(path) = &cfg.export
-        && cfg.export_rank == Some(rank)
-    {
-        export_model(&model, path)?;
-    }
-    let local = evaluate(&model, &data.test, &device)?;
-    let params = flatten_params(&model, &ParamSelection::All)
-        .map_err(RunError::Comm)?
-        .buffer;
-    let averaged = average_model(model, &group)?;
-    // `export` alone: rank 0 writes the world average.
-    if let Some(path) = &cfg.export
-        && cfg.export_rank.is_none()
-        && rank == 0
-    {
-        export_model(&averaged, path)?;
-    }
-    let world = evaluate(&averaged, &data.test, &device)?;
+    let (local, world, params) = final_models(cfg, model, &group, run_dir, data, &device)?;
     Ok(WorkerResult {
         rank,
         iterations: pipeline.iteration(),
@@ -834,6 +728,181 @@ pub fn train_worker(
         params,
         loss_curve: curve,
     })
+}
+
+/// The settings a rank trains with, and its optimizer steps per epoch: with `warmup-epochs`, the
+/// warmup becomes that many epochs' steps (an incomplete accumulation at the epoch's end is not
+/// stepped).
+fn effective_settings<'a>(
+    cfg: &'a TrainConfig,
+    data: &TrainTest,
+    world: usize,
+    rank: usize,
+) -> Result<(std::borrow::Cow<'a, TrainConfig>, u64), RunError> {
+    let batches = ShardSampler::new(data.train.len(), world, rank)?.num_batches(cfg.batch_size)?;
+    let per_epoch = (batches / cfg.accumulate.max(1)) as u64;
+    if per_epoch == 0 {
+        return Err(SettingError::new(
+            "accumulate",
+            cfg.accumulate,
+            format!(
+                "each rank's epoch has {batches} batches of {}, so at most {batches} \
+                 micro-batches fit in an optimizer step",
+                cfg.batch_size
+            ),
+        )
+        .into());
+    }
+    let Some(epochs) = cfg.warmup_epochs else {
+        return Ok((std::borrow::Cow::Borrowed(cfg), per_epoch));
+    };
+    let mut c = cfg.clone();
+    c.warmup = epochs
+        .checked_mul(per_epoch)
+        .filter(|w| i64::try_from(*w).is_ok())
+        .ok_or_else(|| {
+            SettingError::new(
+                "warmup-epochs",
+                epochs,
+                format!("{epochs} epochs of {per_epoch} steps overflow the warmup counter"),
+            )
+        })?;
+    tracing::info!(
+        epochs,
+        steps = c.warmup,
+        "warmup-epochs: the warmup is {} optimizer steps",
+        c.warmup
+    );
+    Ok((std::borrow::Cow::Owned(c), per_epoch))
+}
+
+/// The pipeline of a rank: the optimizer, the algorithm's hook and averager, and (with a run
+/// directory) the checkpointer. Collective (the algorithm's subgroups are created here).
+fn build_pipeline(
+    cfg: &TrainConfig,
+    spec: &AlgorithmSpec,
+    identity: &RunIdentity,
+    group: &Group,
+    ckpt_dir: Option<&CheckpointDir>,
+) -> Result<Pipeline<Classifier>, RunError> {
+    let parts = algorithm::build(spec, group)?;
+    let options = PipelineOptions {
+        lr: cfg.lr,
+        skip_non_finite: cfg.skip_non_finite,
+        metrics_every: cfg.log_every,
+        checkpoint_every: cfg.checkpoint_every,
+        broadcast_start: cfg.broadcast_start,
+        buffers: cfg.buffers,
+        clip_grad_norm: (cfg.clip_grad_norm > 0.0).then_some(cfg.clip_grad_norm),
+        accumulate: cfg.accumulate,
+    };
+    let mut pipeline = Pipeline::new(group.clone(), optimizer(cfg), options);
+    if let Some((hook, reducer)) = parts.sync {
+        pipeline = pipeline.with_gradient_sync(hook, reducer);
+    }
+    if let Some(averager) = parts.averager {
+        pipeline = pipeline.with_averager(averager);
+    }
+    if let Some(dir) = ckpt_dir {
+        let dir = dir.clone();
+        let identity = identity.clone();
+        pipeline =
+            pipeline.with_checkpointer(Box::new(move |ctx: &CheckpointContext<'_, Classifier>| {
+                // Sealed, not yet published: rank 0 publishes it once every rank's metrics rows
+                // are synced (`train_worker`), so the rows a resume keeps are its iterations.
+                save_checkpoint(&dir, &identity, ctx, false)
+                    .map_err(|e| PipelineError::Checkpoint(Box::new(e)))
+            }));
+    }
+    Ok(pipeline)
+}
+
+/// Put rank `rank`'s latest checkpoint into `model` and `pipeline`; the data position and the
+/// iterations the checkpoint holds.
+fn resume(
+    dir: &CheckpointDir,
+    identity: &RunIdentity,
+    rank: usize,
+    cfg: &TrainConfig,
+    model: Classifier,
+    pipeline: &mut Pipeline<Classifier>,
+) -> Result<(Classifier, DataPosition, Option<u64>), RunError> {
+    let ckpt = dir.load_rank(rank, identity)?;
+    let (model, opt) = ckpt.restore(model, optimizer(cfg))?;
+    pipeline.restore(
+        ckpt.meta.iterations_done,
+        ckpt.meta.skipped_steps,
+        opt,
+        ckpt.meta.averager.as_ref(),
+        ckpt.meta.hook.as_ref(),
+        ckpt.pending_average(),
+        ckpt.outer.as_ref(),
+    )?;
+    Ok((
+        model,
+        ckpt.meta.data.unwrap_or_default(),
+        Some(ckpt.meta.iterations_done),
+    ))
+}
+
+/// Save and publish the final state so `resume` can continue, unless the last iteration's
+/// checkpoint already holds it, nothing was trained, or this is a resume that trained nothing
+/// (saving again would replace the directory `latest` names).
+fn save_final_checkpoint(
+    dir: &CheckpointDir,
+    identity: &RunIdentity,
+    ctx: &CheckpointContext<'_, Classifier>,
+    checkpoint_every: u64,
+    resume_done: Option<u64>,
+) -> Result<(), RunError> {
+    let done = ctx.iterations_done;
+    let already = checkpoint_every > 0 && done.is_multiple_of(checkpoint_every);
+    let unchanged = resume_done == Some(done);
+    if done > 0 && !already && !unchanged {
+        save_checkpoint(dir, identity, ctx, true)?;
+    }
+    Ok(())
+}
+
+/// After training: rank 0's `model.safetensors`, the `export` file, this rank's own model and
+/// the world average evaluated on the test set, and this rank's final parameters. Collective
+/// (the world average).
+fn final_models(
+    cfg: &TrainConfig,
+    model: Classifier,
+    group: &Group,
+    run_dir: Option<&Path>,
+    data: &TrainTest,
+    device: &Device,
+) -> Result<(Evaluation, Evaluation, FlatBuffer), RunError> {
+    let rank = group.rank();
+    // Rank 0's own final model, in its PyTorch twin's state_dict layout.
+    if let (0, Some(dir)) = (rank, run_dir) {
+        save_pytorch_safetensors(&model, &dir.join(MODEL_FILE)).map_err(|e| RunError::Output {
+            what: MODEL_FILE.into(),
+            message: e.to_string(),
+        })?;
+    }
+    // `export` with `export-rank`: that rank writes its own model (on its host's file system).
+    if let Some(path) = &cfg.export
+        && cfg.export_rank == Some(rank)
+    {
+        export_model(&model, path)?;
+    }
+    let local = evaluate(&model, &data.test, device)?;
+    let params = flatten_params(&model, &ParamSelection::All)
+        .map_err(RunError::Comm)?
+        .buffer;
+    let averaged = average_model(model, group)?;
+    // `export` alone: rank 0 writes the world average.
+    if let Some(path) = &cfg.export
+        && cfg.export_rank.is_none()
+        && rank == 0
+    {
+        export_model(&averaged, path)?;
+    }
+    let world = evaluate(&averaged, &data.test, device)?;
+    Ok((local, world, params))
 }
 
 /// Do what an injected fault asks for ([`crate::fault`]), on the faulty rank.
