@@ -150,40 +150,45 @@ impl HierarchicalModelAverager {
 /// checked in the order [`HierarchicalModelAverager::new`] lists them (without the warmup). The
 /// one place these rules live: the binary's `levels` setting is checked with it too.
 pub fn validate_levels(levels: &[Level], group_size: usize) -> Result<(), AveragerError> {
-    let pairs: Vec<(u64, usize)> = levels.iter().map(|l| (l.period, l.group_size)).collect();
-    let levels = &pairs[..];
-    let Some(&(last_period, last_size)) = levels.last() else {
+    let Some(last) = levels.last() else {
         return Err(AveragerError::EmptyLevels);
     };
-    if let Some((index, &(period, size))) = levels.iter().enumerate().find(|(_, l)| l.0 == 0) {
+    if let Some((index, l)) = levels.iter().enumerate().find(|(_, l)| l.period == 0) {
         return Err(AveragerError::NonPositiveLevelPeriod {
             index,
-            period,
-            size,
+            period: l.period,
+            size: l.group_size,
         });
     }
     for (index, pair) in levels.windows(2).enumerate() {
-        let ((previous_period, previous_size), (period, size)) = (pair[0], pair[1]);
-        if period <= previous_period {
+        let (previous, level) = (pair[0], pair[1]);
+        if level.period <= previous.period {
             return Err(AveragerError::ShadowedLevel {
                 index: index + 1,
-                period,
-                size,
+                period: level.period,
+                size: level.group_size,
                 previous_index: index,
-                previous_period,
-                previous_size,
+                previous_period: previous.period,
+                previous_size: previous.group_size,
             });
         }
     }
-    if last_size != group_size {
+    if last.group_size != group_size {
         return Err(AveragerError::LastLevelNotWholeGroup {
             index: levels.len() - 1,
-            period: last_period,
-            size: last_size,
+            period: last.period,
+            size: last.group_size,
             group_size,
         });
     }
-    for (index, &(period, size)) in levels.iter().enumerate() {
+    for (
+        index,
+        &Level {
+            period,
+            group_size: size,
+        },
+    ) in levels.iter().enumerate()
+    {
         if let Err(e) = validate_subgroup_size(size, group_size) {
             let reason = match e {
                 CommError::InvalidSubgroupSize(reason) => reason,

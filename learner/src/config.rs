@@ -111,22 +111,11 @@ impl StrategyConfig {
 
     /// Check every rule that does not need the ranks to exist, for a run on `world` ranks.
     pub fn validate(&self, world: usize) -> Result<(), StrategyError> {
-        let averages = matches!(
-            self.algorithm,
-            AlgorithmKind::LocalSgd | AlgorithmKind::PostLocalSgd
-        );
         if self.algorithm.is_outer() {
             return Err(StrategyError::Config(format!(
                 "invalid setting `algorithm` = {}: the burn-train strategy does not take outer \
                  optimizer steps yet (valid here: ddp, local-sgd, post-local-sgd, hierarchical); \
                  train DiLoCo or SlowMo with localsgd_pipeline's Pipeline or `localsgd train`",
-                self.algorithm.name()
-            )));
-        }
-        if averages && self.period.is_none() {
-            return Err(StrategyError::Config(format!(
-                "missing setting `period`: {} averages the models every `period` optimizer steps \
-                 (Lightning's `model_averaging_period`); set it to 1 or more",
                 self.algorithm.name()
             )));
         }

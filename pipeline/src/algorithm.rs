@@ -72,11 +72,19 @@ impl AlgorithmSpec {
                 ));
             }
             None if needs_period => {
+                // Lightning's rule, in Lightning's words (semantics §4).
+                let lightning = match self.kind {
+                    AlgorithmKind::PostLocalSgd => "Post-localSGD",
+                    AlgorithmKind::LocalSgd => "Local SGD",
+                    other => other.name(),
+                };
                 return Err(SettingError::new(
                     "period",
                     "unset",
                     format!(
-                        "1 or more: `{}` averages the models every `period` steps",
+                        "{lightning} algorithm is used, but model averaging period is not \
+                         provided: `{}` averages the models every `period` steps (Lightning's \
+                         `model_averaging_period`); set it to 1 or more",
                         self.kind.name()
                     ),
                 ));
@@ -121,11 +129,10 @@ impl AlgorithmSpec {
             ));
         }
         if self.kind == AlgorithmKind::Hierarchical || outer_levels {
-            let levels = Levels::from(self.levels.clone());
             validate_levels(&self.levels, world).map_err(|e| {
                 SettingError::new(
                     "levels",
-                    format!("{:?}", levels.to_string()),
+                    format!("{:?}", Levels::from(self.levels.clone()).to_string()),
                     format!("{e} ({world} workers)"),
                 )
             })?;
@@ -230,18 +237,18 @@ fn wrap(hook: Box<dyn CommHook>, compression: Compression) -> Box<dyn CommHook> 
     }
 }
 
-/// Build the hook and averager for `spec` on `world`. Collective: every rank calls it with the
-/// same spec (subgroups are created here).
+/// Build the hook and averager for `spec` on `world`, after checking it
+/// ([`AlgorithmSpec::validate`]; a broken rule is [`PipelineError::Config`] naming the setting).
+/// Collective: every rank calls it with the same spec (subgroups are created here).
 pub fn build(spec: &AlgorithmSpec, world: &Group) -> Result<AlgorithmParts, PipelineError> {
+    spec.validate(world.size())
+        .map_err(|e| PipelineError::Config(e.to_string()))?;
     let warmup_iters = spec.warmup;
-    // The averagers take PyTorch's signed `warmup_steps`.
-    let warmup_steps = i64::try_from(spec.warmup).map_err(|_| {
-        PipelineError::Config(format!(
-            "warmup {} is too large: at most {}",
-            spec.warmup,
-            i64::MAX
-        ))
-    })?;
+    // The averagers take PyTorch's signed `warmup_steps`; `validate` bounded it by `i64::MAX`.
+    let warmup_steps = i64::try_from(spec.warmup).unwrap_or(i64::MAX);
+    // `validate` refused a missing period wherever one is needed; a 0 left here would be the
+    // averager's own error, never a silent schedule.
+    let period = spec.period.unwrap_or(0);
     let pipelined = match spec.pipeline_buckets {
         PipelineBuckets::On => true,
         PipelineBuckets::Off => false,
@@ -273,13 +280,6 @@ pub fn build(spec: &AlgorithmSpec, world: &Group) -> Result<AlgorithmParts, Pipe
             spec.compression,
         ))
     };
-    let period = |what: &str| {
-        spec.period.ok_or_else(|| {
-            PipelineError::Config(format!(
-                "{what} algorithm is used, but model averaging period is not provided (set `period`)"
-            ))
-        })
-    };
     let periodic = |period: u64| -> Result<Box<dyn ModelAverager>, PipelineError> {
         Ok(Box::new(
             PeriodicModelAverager::new(period, warmup_steps, world.clone())?
@@ -299,15 +299,12 @@ pub fn build(spec: &AlgorithmSpec, world: &Group) -> Result<AlgorithmParts, Pipe
         },
         AlgorithmKind::LocalSgd => AlgorithmParts {
             sync: None,
-            averager: Some(periodic(period("Local SGD")?)?),
+            averager: Some(periodic(period)?),
         },
-        AlgorithmKind::PostLocalSgd => {
-            let p = period("Post-localSGD")?;
-            AlgorithmParts {
-                sync: Some((post_local_hook()?, reducer())),
-                averager: Some(periodic(p)?),
-            }
-        }
+        AlgorithmKind::PostLocalSgd => AlgorithmParts {
+            sync: Some((post_local_hook()?, reducer())),
+            averager: Some(periodic(period)?),
+        },
         AlgorithmKind::Hierarchical => AlgorithmParts {
             sync: Some((post_local_hook()?, reducer())),
             averager: Some(Box::new(HierarchicalModelAverager::new(
@@ -334,12 +331,7 @@ pub fn build(spec: &AlgorithmSpec, world: &Group) -> Result<AlgorithmParts, Pipe
                 };
                 OuterAverager::streaming(streaming, warmup_iters, sgd, world.clone())?
             } else if spec.levels.is_empty() {
-                OuterAverager::periodic(
-                    period(spec.kind.name())?,
-                    warmup_iters,
-                    outer.optimizer,
-                    world.clone(),
-                )?
+                OuterAverager::periodic(period, warmup_iters, outer.optimizer, world.clone())?
             } else {
                 let schedule =
                     HierarchicalModelAverager::new(&spec.levels, warmup_steps, world.clone())?;
