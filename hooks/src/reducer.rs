@@ -68,40 +68,39 @@ impl Clone for GradientReducer {
     }
 }
 
-/// The trainable float parameters of a module, in traversal order.
-struct Trainable {
+/// The trainable float parameters of a module, in traversal order, and whether each has a
+/// gradient in `grads` (one visit of the module serves the plan and the one-rank shortcut).
+struct Trainable<'a> {
+    grads: Option<&'a GradientsParams>,
     ids: Vec<ParamId>,
     wide: bool,
+    all_have_grads: bool,
 }
 
-impl ModuleVisitor for Trainable {
+impl<'a> Trainable<'a> {
+    fn of<M: Module>(module: &M, grads: Option<&'a GradientsParams>) -> Self {
+        let mut trainable = Self {
+            grads,
+            ids: Vec::new(),
+            wide: false,
+            all_have_grads: true,
+        };
+        module.visit(&mut trainable);
+        trainable
+    }
+}
+
+impl ModuleVisitor for Trainable<'_> {
     fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
         let value = p.val();
         if value.is_require_grad() {
             self.ids.push(p.id);
             self.wide |= value.dtype() == DType::F64;
+            if let Some(grads) = self.grads {
+                self.all_have_grads &= grads.get::<D>(p.id).is_some();
+            }
         }
     }
-}
-
-/// Whether every trainable float parameter of a module has a gradient in `grads`.
-struct AllHaveGrads<'a> {
-    grads: &'a GradientsParams,
-    all: bool,
-}
-
-impl ModuleVisitor for AllHaveGrads<'_> {
-    fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
-        if self.all && p.val().is_require_grad() {
-            self.all = self.grads.get::<D>(p.id).is_some();
-        }
-    }
-}
-
-fn all_have_grads<M: Module>(module: &M, grads: &GradientsParams) -> bool {
-    let mut check = AllHaveGrads { grads, all: true };
-    module.visit(&mut check);
-    check.all
 }
 
 impl GradientReducer {
@@ -133,16 +132,15 @@ impl GradientReducer {
     /// The bucket plan for `module` (computed, or taken from the cache when the module's
     /// trainable layout is unchanged).
     pub fn plan<M: Module>(&mut self, module: &M) -> &BucketPlan {
-        let (_, _, plan) = self.ensure_plan(module);
+        let (_, _, plan) = self.ensure_plan(module, Trainable::of(module, None));
         plan
     }
 
-    fn ensure_plan<M: Module>(&mut self, module: &M) -> (ParamSelection, FlatLayout, &BucketPlan) {
-        let mut trainable = Trainable {
-            ids: Vec::new(),
-            wide: false,
-        };
-        module.visit(&mut trainable);
+    fn ensure_plan<M: Module>(
+        &mut self,
+        module: &M,
+        trainable: Trainable<'_>,
+    ) -> (ParamSelection, FlatLayout, &BucketPlan) {
         let selection = ParamSelection::ids(trainable.ids);
         let layout = FlatLayout::of(module, &selection);
         let params: Vec<(usize, usize)> = layout.entries.iter().map(|e| (e.index, e.len)).collect();
@@ -194,22 +192,25 @@ impl GradientReducer {
         if hook.skips_communication() {
             return Ok(InFlightGrads::ready(grads));
         }
-        let pipelined = self.pipelined;
-        let (selection, layout, plan) = self.ensure_plan(module);
-        if plan.is_empty() {
+        let trainable = Trainable::of(module, Some(&grads));
+        if trainable.ids.is_empty() {
             return Ok(InFlightGrads::ready(grads));
         }
-        let buckets = plan.len();
         let Some(group) = hook.take_mean_step()? else {
+            let (selection, _, plan) = self.ensure_plan(module, trainable);
             return run_blocking(module, grads, hook, &selection, plan).map(InFlightGrads::ready);
         };
         // The mean over one rank is the identity, bit for bit (also in the f64 plan of a model
         // with f32 parameters: f32 -> f64 -> f32 is exact), so the gradients go to the optimizer
-        // as they are: no flatten, no write-back, no collective. Only when a trainable parameter
-        // lacks a gradient does the flat path run, to give it the zeros every rank's bucket has.
-        if group.size() == 1 && all_have_grads(module, &grads) {
+        // as they are: no flatten, no write-back, no collective, and no further visit of the
+        // module. Only when a trainable parameter lacks a gradient does the flat path run, to
+        // give it the zeros every rank's bucket has.
+        if group.size() == 1 && trainable.all_have_grads {
             return Ok(InFlightGrads::ready(grads));
         }
+        let pipelined = self.pipelined;
+        let (selection, layout, plan) = self.ensure_plan(module, trainable);
+        let buckets = plan.len();
         // Not pipelined, one rank (its mean is the identity: a parameter without a gradient
         // gets zeros) or one bucket (the optimizer needs it whole): the mean runs blocking, in
         // place on the flat gradient, bucket by bucket.

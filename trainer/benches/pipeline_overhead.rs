@@ -12,11 +12,13 @@
 //!   second of the model's f32 size, against a `memcpy` of the same bytes in the same run.
 //!   Target: >= 0.5x memcpy (each way counted once: the round trip moves the bytes twice).
 //!
-//! Ratios come from interleaved rounds (bare, local, ddp1, flatten, memcpy, repeated), each the
-//! median of its rounds, so a slow moment of the machine hits every variant alike. Criterion
-//! times the same bodies for the digits model (`--bench` filters as usual).
+//! Ratios come from interleaved rounds (bare, local, ddp1, flatten, memcpy, repeated): each ratio
+//! is the median over rounds of that round's ratio, so a slow moment of the machine, which hits
+//! both bodies of a round, cancels out; the us/it columns are medians of their own rounds.
+//! Criterion times the same bodies for the digits model (`--bench` filters as usual).
 //!
-//! `cargo bench --workspace --bench pipeline_overhead` (add `-- --quick` for fewer rounds).
+//! `cargo bench --workspace --bench pipeline_overhead` (add `-- --quick` for 3 rounds instead of
+//! 9; `BENCH_ROUNDS=N` sets the number of rounds).
 
 use burn::optim::{GradientsParams, SgdConfig};
 use burn::tensor::{Device, Int, Tensor, TensorData};
@@ -191,6 +193,11 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v[v.len() / 2]
 }
 
+fn median_f64(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
 fn per_iter_us(d: Duration, iters: u64) -> f64 {
     d.as_secs_f64() * 1e6 / iters as f64
 }
@@ -213,7 +220,17 @@ fn main() {
     g.finish();
     c.final_summary();
 
-    let rounds = if quick { 3 } else { 9 };
+    let rounds = match std::env::var("BENCH_ROUNDS") {
+        Ok(n) => match n.parse::<usize>() {
+            Ok(n) if n > 0 => n,
+            _ => {
+                eprintln!("BENCH_ROUNDS must be a positive whole number, not {n:?}");
+                std::process::exit(2);
+            }
+        },
+        Err(_) if quick => 3,
+        Err(_) => 9,
+    };
     println!();
     println!(
         "| model | params | bare us/it | bare on a thread us/it | local us/it | local / bare | ddp1 us/it | ddp1 / bare | flatten+write-back GB/s | memcpy GB/s | ratio |"
@@ -236,6 +253,16 @@ fn main() {
             times[3].push(flatten_write_back(size, copy_iters));
             times[4].push(memcpy(size, copy_iters));
         }
+        let ratio = |num: usize, den: usize| {
+            median_f64(
+                times[num]
+                    .iter()
+                    .zip(&times[den])
+                    .map(|(n, d)| n.as_secs_f64() / d.as_secs_f64())
+                    .collect(),
+            )
+        };
+        let (local_ratio, ddp_ratio, copy_ratio) = (ratio(1, 0), ratio(2, 0), ratio(4, 3));
         let [b, l, d, f, m, bt] = times.map(median);
         let bytes = 2.0 * 4.0 * size.config.num_params() as f64 * copy_iters as f64;
         let (fg, mg) = (bytes / f.as_secs_f64() / 1e9, bytes / m.as_secs_f64() / 1e9);
@@ -246,12 +273,12 @@ fn main() {
             per_iter_us(b, size.iters),
             per_iter_us(bt, size.iters),
             per_iter_us(l, size.iters),
-            l.as_secs_f64() / b.as_secs_f64(),
+            local_ratio,
             per_iter_us(d, size.iters),
-            d.as_secs_f64() / b.as_secs_f64(),
+            ddp_ratio,
             fg,
             mg,
-            fg / mg
+            copy_ratio
         );
     }
     println!(
