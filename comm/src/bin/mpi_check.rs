@@ -2,9 +2,9 @@
 //! so MPI tests run as separate processes).
 //!
 //! Modes (first argument):
-//! - `check [--no-signature-check] [--expect-hosts N]`: every collective, subgroups (blocks,
-//!   colors, intra-node), traffic counters, and (with signature checks, the default) mismatch
-//!   detection. Prints `PASS ...` lines, `FAIL ...` lines for failures, and finally
+//! - `check [--no-signature-check] [--expect-hosts N] [--expect-tcp-links N]`: every
+//!   collective, subgroups (blocks, colors, intra-node), traffic counters, the TCP links asked of
+//!   Open MPI (default 2), and (with signature checks, the default) mismatch detection. Prints `PASS ...` lines, `FAIL ...` lines for failures, and finally
 //!   `ALL PASS` (rank 0) or exits with code 1.
 //! - `kill-rank R`: rank R kills itself with SIGKILL after one all-reduce; the others keep
 //!   all-reducing (the job must end, non-zero).
@@ -20,7 +20,7 @@ mod check_report;
 
 use check_report::Checker;
 use half::{bf16, f16};
-use localsgd_comm::mpi::{MpiConfig, MpiWorld};
+use localsgd_comm::mpi::{DEFAULT_TCP_LINKS, MpiConfig, MpiWorld, TCP_LINKS_VAR};
 use localsgd_comm::throughput::{allreduce_gbps, default_iters};
 use localsgd_comm::{AsyncGroup, CommError, Group, GroupExt, ReduceOp};
 use std::process::ExitCode;
@@ -37,7 +37,11 @@ fn main() -> ExitCode {
             .and_then(|v| v.parse::<u64>().ok())
     };
     let result = match mode {
-        "check" => check(!flag("--no-signature-check"), value("--expect-hosts")),
+        "check" => check(
+            !flag("--no-signature-check"),
+            value("--expect-hosts"),
+            value("--expect-tcp-links").unwrap_or(u64::from(DEFAULT_TCP_LINKS)),
+        ),
         "kill-rank" => kill_rank(args.get(1).and_then(|v| v.parse().ok()).unwrap_or(1)),
         "hang-rank" => hang_rank(
             args.get(1).and_then(|v| v.parse().ok()).unwrap_or(1),
@@ -62,11 +66,19 @@ fn init(config: MpiConfig) -> Result<(MpiWorld, Group), String> {
     MpiWorld::init_with(config).map_err(|e| format!("MpiWorld::init: {e}"))
 }
 
-fn check(signature_check: bool, expect_hosts: Option<u64>) -> Result<(), String> {
+fn check(
+    signature_check: bool,
+    expect_hosts: Option<u64>,
+    expect_tcp_links: u64,
+) -> Result<(), String> {
     // Invalid settings are refused before MPI is touched.
     let zero = MpiWorld::init_with(MpiConfig::default().with_timeout(Duration::ZERO));
     let zero_refused = matches!(&zero, Err(CommError::InvalidConfig(m)) if m.contains("0s"));
     drop(zero);
+    let no_links = MpiWorld::init_with(MpiConfig::default().with_tcp_links(Some(0)));
+    let no_links_refused =
+        matches!(&no_links, Err(CommError::InvalidConfig(m)) if m.contains("got 0"));
+    drop(no_links);
     let config = MpiConfig::default()
         .with_timeout(Duration::from_secs(60))
         .with_signature_check(signature_check);
@@ -76,6 +88,16 @@ fn check(signature_check: bool, expect_hosts: Option<u64>) -> Result<(), String>
     c.check("zero timeout refused", zero_refused, || {
         "no InvalidConfig".into()
     });
+    c.check("zero TCP links refused", no_links_refused, || {
+        "no InvalidConfig".into()
+    });
+    // What Open MPI read at MPI_Init: ours (2) unless the launcher set it.
+    let links = std::env::var(TCP_LINKS_VAR).unwrap_or_default();
+    c.check(
+        &format!("TCP links {expect_tcp_links}"),
+        links == expect_tcp_links.to_string(),
+        || format!("{TCP_LINKS_VAR}={links:?}"),
+    );
     let again = MpiWorld::init();
     c.check(
         "second init refused",

@@ -65,6 +65,8 @@ fn four_ranks_pass_every_check_with_signature_checks() {
         "mismatch: lengths",
         "mismatch: kinds",
         "collectives work after a mismatch",
+        "zero TCP links refused",
+        "TCP links 2",
     ] {
         assert!(
             text.contains(&format!("PASS {name}")),
@@ -94,6 +96,21 @@ fn three_ranks_pass_without_signature_checks() {
         "{text}"
     );
     assert!(!text.contains("PASS mismatch"), "{text}");
+}
+
+/// A launcher's `btl_tcp_links` (here through the environment `mpirun` passes on, as
+/// `mpirun --mca btl_tcp_links 3` does) wins over our default of 2.
+#[test]
+fn the_launchers_tcp_links_win() {
+    let _one = one_mpi_job();
+    let out = localsgd_test_support::mpirun(2, CHECK)
+        .env("OMPI_MCA_btl_tcp_links", "3")
+        .args(["check", "--no-signature-check", "--expect-tcp-links", "3"])
+        .output()
+        .unwrap_or_else(|e| panic!("could not run mpirun (is OpenMPI installed?): {e}"));
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("PASS TCP links 3"), "{text}");
 }
 
 #[test]
