@@ -4,8 +4,9 @@
 //! Modes (first argument):
 //! - `check [--no-signature-check] [--expect-hosts N] [--expect-tcp-links N]`: every
 //!   collective, subgroups (blocks, colors, intra-node), traffic counters, the TCP links asked of
-//!   Open MPI (default 2), and (with signature checks, the default) mismatch detection. Prints `PASS ...` lines, `FAIL ...` lines for failures, and finally
-//!   `ALL PASS` (rank 0) or exits with code 1.
+//!   Open MPI (default 2), and (with signature checks, the default) mismatch detection. Prints
+//!   `PASS ...` lines, `FAIL ...` lines for failures, and finally `ALL PASS` (rank 0) or exits
+//!   with code 1.
 //! - `kill-rank R`: rank R kills itself with SIGKILL after one all-reduce; the others keep
 //!   all-reducing (the job must end, non-zero).
 //! - `hang-rank R --timeout SECS`: rank R never joins the next all-reduce (it sleeps); the

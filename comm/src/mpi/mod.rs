@@ -212,10 +212,12 @@ impl MpiWorld {
                         .into(),
                 ));
             }
-            if std::env::var_os(TCP_LINKS_VAR).is_none() {
-                // SAFETY: MPI is initialised once per process, before the process's groups,
-                // helpers and watchdogs exist; the caller starts no thread that reads or writes
-                // the environment while `init` runs (documented on `init`).
+            // Only before the first initialisation: MPI reads it there and nowhere else, and a
+            // second (refused) call may come when the first one's threads are running.
+            if !mpi::environment::is_initialized() && std::env::var_os(TCP_LINKS_VAR).is_none() {
+                // SAFETY: MPI is not initialised yet, so none of this crate's threads
+                // (watchdogs, async helpers) exist; the caller starts no thread that reads or
+                // writes the environment while `init` runs (documented on `init`).
                 unsafe { std::env::set_var(TCP_LINKS_VAR, links.to_string()) };
             }
         }
