@@ -149,15 +149,7 @@ fn abort_ends_every_rank_at_once() {
 /// pair, 2 ranks each over TCP. Needs root (`ip netns`); anywhere else it says SKIPPED.
 #[test]
 fn two_hosts_in_network_namespaces() {
-    let usable = Command::new("ip")
-        .args(["netns", "list"])
-        .output()
-        .is_ok_and(|o| o.status.success())
-        && Command::new("id")
-            .arg("-u")
-            .output()
-            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
-    if !usable {
+    if !localsgd_test_support::network_namespaces_usable() {
         println!("SKIPPED two_hosts_in_network_namespaces: needs root and `ip netns`");
         return;
     }
