@@ -181,23 +181,16 @@ pub fn validate_levels(levels: &[Level], group_size: usize) -> Result<(), Averag
             group_size,
         });
     }
-    for (
-        index,
-        &Level {
-            period,
-            group_size: size,
-        },
-    ) in levels.iter().enumerate()
-    {
-        if let Err(e) = validate_subgroup_size(size, group_size) {
+    for (index, level) in levels.iter().enumerate() {
+        if let Err(e) = validate_subgroup_size(level.group_size, group_size) {
             let reason = match e {
                 CommError::InvalidSubgroupSize(reason) => reason,
                 other => other.to_string(),
             };
             return Err(AveragerError::InvalidLevelGroupSize {
                 index,
-                period,
-                size,
+                period: level.period,
+                size: level.group_size,
                 reason,
             });
         }
