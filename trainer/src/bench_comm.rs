@@ -9,9 +9,13 @@
 
 use anyhow::{Context, Result, bail};
 use localsgd_comm::ThreadWorld;
-use localsgd_comm::throughput::{allreduce_gbps, default_iters, memcpy_gbps};
+use localsgd_comm::throughput::{allreduce_gbps_between, default_iters, memcpy_gbps};
 use localsgd_trainer::config::Backend;
 use std::path::PathBuf;
+use std::time::Duration;
+
+/// Largest `--gap-us`: one second.
+const MAX_GAP_US: u64 = 1_000_000;
 
 /// Flags of `localsgd bench-comm`.
 #[derive(Debug, Clone, clap::Args)]
@@ -28,9 +32,38 @@ pub(crate) struct BenchCommFlags {
     /// Repetitions per measurement (the best one counts).
     #[arg(long, default_value_t = 5)]
     reps: usize,
+    /// Spin this many microseconds on every rank before each all-reduce, as an iteration's
+    /// compute would, and time only the all-reduces: what a collective costs between
+    /// iterations rather than back to back (0: back to back; at most 1,000,000).
+    #[arg(long, default_value_t = 0)]
+    gap_us: u64,
     /// Also write the results as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+}
+
+impl BenchCommFlags {
+    fn gap(&self) -> Duration {
+        Duration::from_micros(self.gap_us)
+    }
+
+    /// All-reduces per repetition: [`default_iters`], fewer with a gap so that a repetition
+    /// spins for about a second at most (at least 10).
+    fn iters(&self, floats: usize) -> u64 {
+        let iters = default_iters(floats);
+        if self.gap_us == 0 {
+            return iters;
+        }
+        iters.min((MAX_GAP_US / self.gap_us).max(10))
+    }
+
+    fn allreduce_gbps(
+        &self,
+        group: &dyn localsgd_comm::ProcessGroup,
+        floats: usize,
+    ) -> Result<f64, localsgd_comm::CommError> {
+        allreduce_gbps_between(group, floats, self.iters(floats), self.reps, self.gap())
+    }
 }
 
 struct Row {
@@ -50,6 +83,12 @@ pub(crate) fn run(flags: &BenchCommFlags) -> Result<()> {
     }
     if flags.reps == 0 {
         bail!("invalid --reps 0: at least 1 repetition");
+    }
+    if flags.gap_us > MAX_GAP_US {
+        bail!(
+            "invalid --gap-us {}: give 0 (back to back) up to {MAX_GAP_US} microseconds",
+            flags.gap_us
+        );
     }
     crate::launch::check_backend_built(flags.backend)?;
     let rows = match flags.backend {
@@ -75,8 +114,13 @@ pub(crate) fn run(flags: &BenchCommFlags) -> Result<()> {
         );
     }
     println!(
-        "(all-reduce: buffer bytes / time per in-place sum, slowest rank, best of {}; memcpy: one thread)",
-        flags.reps
+        "(all-reduce: buffer bytes / time per in-place sum, slowest rank, best of {}, {}; memcpy: one thread)",
+        flags.reps,
+        if flags.gap_us == 0 {
+            "back to back".to_string()
+        } else {
+            format!("each after {} µs of spinning", flags.gap_us)
+        }
     );
     if let Some(path) = &flags.json {
         let json: Vec<_> = rows
@@ -89,6 +133,7 @@ pub(crate) fn run(flags: &BenchCommFlags) -> Result<()> {
                     "allreduce_gbps": r.gbps,
                     "memcpy_gbps": r.memcpy_gbps,
                     "ratio": r.gbps / r.memcpy_gbps,
+                    "gap_us": flags.gap_us,
                 })
             })
             .collect();
@@ -112,8 +157,8 @@ fn threads(flags: &BenchCommFlags) -> Result<Option<Vec<Row>>> {
     for &floats in &flags.floats {
         let memcpy = memcpy_gbps(floats, default_iters(floats), flags.reps);
         for &workers in &flags.workers {
-            let results = ThreadWorld::new(workers)?
-                .run(|g| allreduce_gbps(g.as_ref(), floats, default_iters(floats), flags.reps));
+            let results =
+                ThreadWorld::new(workers)?.run(|g| flags.allreduce_gbps(g.as_ref(), floats));
             let gbps = results
                 .map_err(|p| anyhow::anyhow!("worker {} panicked: {}", p.rank, p.message))?
                 .into_iter()
@@ -148,7 +193,7 @@ fn process(flags: &BenchCommFlags, backend: Backend) -> Result<Option<Vec<Row>>>
     };
     let mut rows = Vec::new();
     for (i, &floats) in flags.floats.iter().enumerate() {
-        let gbps = match allreduce_gbps(group.as_ref(), floats, default_iters(floats), flags.reps) {
+        let gbps = match flags.allreduce_gbps(group.as_ref(), floats) {
             Ok(v) => v,
             Err(e) => {
                 eprintln!("error on rank {}: {e}", group.rank());

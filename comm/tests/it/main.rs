@@ -10,3 +10,4 @@ mod nonblocking;
 mod params_roundtrip;
 mod signature_fuzz;
 mod subgroups;
+mod throughput;

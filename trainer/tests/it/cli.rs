@@ -649,6 +649,35 @@ fn plan_and_bench_step_name_bad_values() {
 }
 
 #[test]
+fn bench_comm_takes_a_gap_and_refuses_one_over_a_second() {
+    let out = localsgd(&["bench-comm", "--gap-us", "1000001"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("invalid --gap-us 1000001"), "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("latency.json");
+    let stdout = ok(&localsgd(&[
+        "bench-comm",
+        "--workers",
+        "2",
+        "--floats",
+        "1",
+        "--reps",
+        "1",
+        "--gap-us",
+        "200",
+        "--json",
+        json.to_str().unwrap(),
+    ]));
+    assert!(stdout.contains("each after 200 µs of spinning"), "{stdout}");
+    let rows: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(rows[0]["gap_us"], 200);
+    assert_eq!(rows[0]["workers"], 2);
+    assert_eq!(rows[0]["floats"], 1);
+}
+
+#[test]
 fn eval_csv_time_continues_across_a_resume() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");

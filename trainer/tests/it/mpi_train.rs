@@ -370,3 +370,31 @@ fn trains_across_two_hosts_in_network_namespaces() {
     // chance (10%); the thread backend reaches ~0.9 on the same settings.
     assert!(acc > 0.8, "test accuracy {acc}");
 }
+
+/// `bench-step --backend mpi`: every rank runs the bare loop between one-float collectives;
+/// rank 0 alone reports, over 2 ranks.
+#[test]
+fn bench_step_runs_on_every_rank_between_collectives() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("step.json");
+    let a: Vec<String> = ["bench-step", "--iters", "20", "--warmup-iters", "2", "--json"]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([json.to_str().unwrap().to_string()])
+        .collect();
+    let out = run_mpi(2, &a);
+    assert!(out.status.success(), "{}", show(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        stdout
+            .matches("each step's slowest of 2 ranks, a one-float all-reduce between steps")
+            .count(),
+        1,
+        "{stdout}"
+    );
+    let step: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(step["ranks"], 2);
+    assert_eq!(step["params"], 4810);
+    assert_eq!(step["iters"], 20);
+}
