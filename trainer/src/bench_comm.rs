@@ -74,6 +74,18 @@ struct Row {
     memcpy_gbps: f64,
 }
 
+impl Row {
+    /// Microseconds per all-reduce (the slowest rank's, best repetition): `localsgd plan
+    /// --latency-us` for a 1-float buffer.
+    fn micros(&self) -> f64 {
+        if self.gbps > 0.0 {
+            self.floats as f64 * 4.0 / (self.gbps * 1e9) * 1e6
+        } else {
+            f64::INFINITY
+        }
+    }
+}
+
 pub(crate) fn run(flags: &BenchCommFlags) -> Result<()> {
     if flags.floats.is_empty() || flags.floats.contains(&0) {
         bail!(
@@ -99,18 +111,19 @@ pub(crate) fn run(flags: &BenchCommFlags) -> Result<()> {
         return Ok(()); // a rank other than 0 of a one-process-per-rank backend
     };
     println!(
-        "{:<8} {:>7} {:>10} {:>14} {:>14} {:>8}",
-        "backend", "workers", "floats", "all-reduce GB/s", "memcpy GB/s", "ratio"
+        "{:<8} {:>7} {:>10} {:>14} {:>14} {:>8} {:>14}",
+        "backend", "workers", "floats", "all-reduce GB/s", "memcpy GB/s", "ratio", "µs/all-reduce"
     );
     for r in &rows {
         println!(
-            "{:<8} {:>7} {:>10} {:>14.2} {:>14.2} {:>8.2}",
+            "{:<8} {:>7} {:>10} {:>14.2} {:>14.2} {:>8.2} {:>14.1}",
             r.backend,
             r.workers,
             r.floats,
             r.gbps,
             r.memcpy_gbps,
-            r.gbps / r.memcpy_gbps
+            r.gbps / r.memcpy_gbps,
+            r.micros()
         );
     }
     println!(
@@ -133,6 +146,7 @@ pub(crate) fn run(flags: &BenchCommFlags) -> Result<()> {
                     "allreduce_gbps": r.gbps,
                     "memcpy_gbps": r.memcpy_gbps,
                     "ratio": r.gbps / r.memcpy_gbps,
+                    "allreduce_us": r.micros(),
                     "gap_us": flags.gap_us,
                 })
             })

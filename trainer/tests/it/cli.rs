@@ -675,6 +675,13 @@ fn bench_comm_takes_a_gap_and_refuses_one_over_a_second() {
     assert_eq!(rows[0]["gap_us"], 200);
     assert_eq!(rows[0]["workers"], 2);
     assert_eq!(rows[0]["floats"], 1);
+    // The time per all-reduce is the buffer's bytes over the rate.
+    let us = rows[0]["allreduce_us"].as_f64().unwrap();
+    let gbps = rows[0]["allreduce_gbps"].as_f64().unwrap();
+    assert!(
+        (us * gbps * 1e3 - 4.0).abs() < 1e-9,
+        "{us} µs at {gbps} GB/s"
+    );
 }
 
 #[test]

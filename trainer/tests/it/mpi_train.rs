@@ -377,11 +377,17 @@ fn trains_across_two_hosts_in_network_namespaces() {
 fn bench_step_runs_on_every_rank_between_collectives() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("step.json");
-    let a: Vec<String> = ["bench-step", "--iters", "20", "--warmup-iters", "2", "--json"]
-        .iter()
-        .map(|s| s.to_string())
-        .chain([json.to_str().unwrap().to_string()])
-        .collect();
+    let json_arg = json.to_str().unwrap();
+    let a = [
+        "bench-step",
+        "--iters",
+        "20",
+        "--warmup-iters",
+        "2",
+        "--json",
+        json_arg,
+    ];
+    let a: Vec<String> = a.iter().map(|s| s.to_string()).collect();
     let out = run_mpi(2, &a);
     assert!(out.status.success(), "{}", show(&out));
     let stdout = String::from_utf8_lossy(&out.stdout);
