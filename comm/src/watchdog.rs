@@ -64,6 +64,10 @@ struct State {
     next_id: u64,
     in_flight: HashMap<u64, InFlight>,
     stop: bool,
+    /// When the sleeping thread looks again on its own; `None` while it is looking.
+    wake_at: Option<Instant>,
+    /// Times the thread has looked at the calls in flight.
+    looks: u64,
 }
 
 struct Shared {
@@ -134,20 +138,28 @@ impl Watchdog {
     }
 
     /// Watch one call until the returned guard is dropped; `limit` after now it expires.
+    ///
+    /// The thread is woken only when this call's deadline comes before the thread's next look:
+    /// waking it for every collective would cost every iteration two context switches (the
+    /// woken thread preempts the caller), about 5% of a core at a few thousand iterations a
+    /// second, for nothing.
     pub fn watch(&self, what: What, group: &Arc<[usize]>, limit: Duration) -> Watch<'_> {
         let mut st = self.shared.lock();
         let id = st.next_id;
         st.next_id += 1;
+        let started = Instant::now();
         st.in_flight.insert(
             id,
             InFlight {
                 what,
                 group: group.clone(),
-                started: Instant::now(),
+                started,
                 limit,
             },
         );
-        self.shared.cv.notify_all();
+        if st.wake_at.is_some_and(|at| started + limit < at) {
+            self.shared.cv.notify_all();
+        }
         Watch {
             shared: &self.shared,
             id,
@@ -178,10 +190,11 @@ fn run(weak: Weak<Shared>) {
         let Some(shared) = weak.upgrade() else {
             return;
         };
-        let st = shared.lock();
+        let mut st = shared.lock();
         if st.stop {
             return;
         }
+        st.looks += 1;
         let now = Instant::now();
         let mut next = POLL;
         for f in st.in_flight.values() {
@@ -198,10 +211,15 @@ fn run(weak: Weak<Shared>) {
             }
             next = next.min(f.limit - waited);
         }
-        let _unused = shared
+        // Set under the lock the wait releases: a call watched after this line sees when the
+        // thread will look again; one watched before it was in the scan above.
+        let wait = next.max(Duration::from_millis(1));
+        st.wake_at = Some(now + wait);
+        let (mut st, _) = shared
             .cv
-            .wait_timeout(st, next.max(Duration::from_millis(1)))
+            .wait_timeout(st, wait)
             .unwrap_or_else(|e| e.into_inner());
+        st.wake_at = None;
     }
 }
 
@@ -212,4 +230,84 @@ pub(crate) fn report(message: &str) {
     let mut err = std::io::stderr().lock();
     let _ = writeln!(err, "{message}");
     let _ = err.flush();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::signature::CallSignature;
+    use crate::{ElementType, ReduceOp};
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    fn call() -> What {
+        What::Call(CallSignature::all_reduce(
+            ReduceOp::Sum,
+            ElementType::F32,
+            8,
+        ))
+    }
+
+    fn looks(dog: &Watchdog) -> u64 {
+        dog.shared.lock().looks
+    }
+
+    /// Waits until the thread sleeps (it has looked once and set its next look).
+    fn sleeping(dog: &Watchdog) {
+        while dog.shared.lock().wake_at.is_none() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    fn never(_: &Expired<'_>) -> ! {
+        panic!("no call here passes its limit")
+    }
+
+    #[test]
+    fn calls_with_a_limit_past_the_next_look_do_not_wake_the_thread() {
+        let dog = Watchdog::start("test-watchdog", 0, "h".into(), never).unwrap();
+        sleeping(&dog);
+        let before = looks(&dog);
+        let group: Arc<[usize]> = Arc::from(vec![0, 1]);
+        for _ in 0..1000 {
+            let _watch = dog.watch(call(), &group, Duration::from_secs(60));
+        }
+        // Only the thread's own poll (every 200 ms) can have come in between.
+        assert!(looks(&dog) - before <= 1, "{} looks", looks(&dog) - before);
+    }
+
+    static EXPIRED_AFTER_MS: AtomicU64 = AtomicU64::new(0);
+
+    fn record(e: &Expired<'_>) -> ! {
+        EXPIRED_AFTER_MS.store(e.waited.as_millis() as u64 + 1, Ordering::SeqCst);
+        // A real expire ends the process; this one parks the watchdog thread for good.
+        loop {
+            std::thread::park();
+        }
+    }
+
+    #[test]
+    fn a_call_due_before_the_next_look_wakes_the_thread_in_time() {
+        let dog = Watchdog::start("test-watchdog", 0, "h".into(), record).unwrap();
+        sleeping(&dog);
+        let group: Arc<[usize]> = Arc::from(vec![0, 1]);
+        let started = Instant::now();
+        let watch = dog.watch(call(), &group, Duration::from_millis(20));
+        while EXPIRED_AFTER_MS.load(Ordering::SeqCst) == 0 {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "the call never expired"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // Reported after its 20 ms limit, not at the thread's next poll (200 ms after it
+        // started sleeping).
+        let waited = EXPIRED_AFTER_MS.load(Ordering::SeqCst) - 1;
+        assert!(
+            (20..POLL.as_millis() as u64).contains(&waited),
+            "{waited} ms"
+        );
+        // The parked thread is never joined: leak the watchdog rather than wait for it.
+        std::mem::forget(watch);
+        std::mem::forget(dog);
+    }
 }
