@@ -166,3 +166,31 @@ fn write_back_with_wrong_layout_is_an_error() {
     let err = write_params(model, &flat).unwrap_err();
     assert!(err.to_string().contains("43"), "{err}");
 }
+
+/// Gradients written back from a flat buffer sit where `backward` puts them: on the parameters'
+/// device without autodiff. On the autodiff device, the optimizer's momentum became an autodiff
+/// tensor for good and every later step paid autodiff dispatch (post-local SGD stayed about 50%
+/// slower per step after its gradient warmup; DDP paid it every step).
+#[test]
+fn gradients_come_back_on_the_device_backward_uses() {
+    let device = Device::flex().autodiff();
+    let model = mlp(&device);
+    let x = Tensor::<2>::ones([2, 6], &device);
+    let loss = model
+        .fc2
+        .forward(model.act.forward(model.fc1.forward(x)))
+        .sum();
+    let grads = GradientsParams::from_grads(loss.backward(), &model);
+    let reference: Tensor<2> = grads.get(model.fc1.weight.id).unwrap();
+    assert!(
+        !reference.is_autodiff(),
+        "burn's own gradients are outside autodiff"
+    );
+    let flat = flatten_grads(&model, &grads, &ParamSelection::All).unwrap();
+    let back = grads_from_flat(&model, &flat).unwrap();
+    let w1: Tensor<2> = back.get(model.fc1.weight.id).unwrap();
+    let b2: Tensor<1> = back.get(model.fc2.bias.as_ref().unwrap().id).unwrap();
+    assert_eq!(w1.device(), reference.device());
+    assert_eq!(b2.device(), reference.device());
+    assert!(!w1.is_autodiff() && !b2.is_autodiff());
+}
