@@ -28,8 +28,9 @@
 //!   link) and empties it at each such collective: a conservative credit.
 //! * **The pipeline's own costs.** A fixed overhead per iteration (batch fetch, bookkeeping) and
 //!   a per-byte cost of every data collective (flatten into one buffer, write back), both
-//!   measured on one rank: a one-rank local-SGD iteration less a bare step, and a one-rank DDP
-//!   iteration's gradient sync time over its bytes.
+//!   measured on one rank: the non-compute phases of a one-rank local-SGD run that never
+//!   averages (`metrics.csv`: every phase but forward/backward and the optimizer step), and the
+//!   gradient bytes over `localsgd bench-step`'s `copy_ms`.
 //! * **Iteration time.** Compute (forward, backward, optimizer step: measured, e.g. with
 //!   `localsgd bench-step`) plus the overhead plus every collective of the iteration, in
 //!   sequence: today every collective blocks compute. The steady state is the mean over one
@@ -196,7 +197,7 @@ pub struct Workload {
     /// Compute per iteration (forward, backward, optimizer step), seconds.
     pub compute_s: f64,
     /// The pipeline's own fixed cost per iteration beyond `compute_s` (batch fetch, bookkeeping),
-    /// seconds: a one-rank local-SGD iteration less a bare step.
+    /// seconds: the non-compute phases of a one-rank local-SGD run that never averages.
     pub overhead_s: f64,
     /// The pipeline's own handling of a gradient all-reduce or model average (flatten, the
     /// mean's pass, write back) in bytes per second: the buffer's bytes over `localsgd

@@ -30,8 +30,8 @@ pub(crate) struct PlanFlags {
     /// Measured compute per iteration in ms: forward, backward, optimizer step (`localsgd bench-step`).
     #[arg(long, allow_negative_numbers = true)]
     compute_ms: f64,
-    /// The pipeline's own fixed cost per iteration in ms (a one-rank local-SGD iteration less a
-    /// bare step).
+    /// The pipeline's own fixed cost per iteration in ms (the non-compute phases of a one-rank
+    /// local-SGD run that never averages).
     #[arg(long, default_value_t = 0.0)]
     overhead_ms: f64,
     /// The pipeline's handling of a gradient all-reduce or model average (flatten, write back),
