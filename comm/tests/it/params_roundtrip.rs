@@ -32,6 +32,19 @@ impl ModuleVisitor for Ids {
     }
 }
 
+/// An MLP on the autodiff device and the gradients of the sum of its outputs on a batch of ones.
+fn mlp_with_grads() -> (Mlp, GradientsParams) {
+    let device = Device::flex().autodiff();
+    let model = mlp(&device);
+    let x = Tensor::<2>::ones([2, 6], &device);
+    let loss = model
+        .fc2
+        .forward(model.act.forward(model.fc1.forward(x)))
+        .sum();
+    let grads = GradientsParams::from_grads(loss.backward(), &model);
+    (model, grads)
+}
+
 fn ids(m: &Mlp) -> Vec<(ParamId, bool)> {
     let mut v = Ids(Vec::new());
     m.visit(&mut v);
@@ -73,14 +86,7 @@ fn roundtrip_preserves_values_ids_and_require_grad() {
 
 #[test]
 fn selection_writes_only_selected_params_and_grads_roundtrip() {
-    let device = Device::flex().autodiff();
-    let model = mlp(&device);
-    let x = Tensor::<2>::ones([2, 6], &device);
-    let loss = model
-        .fc2
-        .forward(model.act.forward(model.fc1.forward(x)))
-        .sum();
-    let grads = GradientsParams::from_grads(loss.backward(), &model);
+    let (model, grads) = mlp_with_grads();
     let sel = ParamSelection::with_grads(&model, &grads);
     let g = flatten_grads(&model, &grads, &sel).unwrap();
     assert_eq!(g.layout.total, 43);
@@ -173,14 +179,7 @@ fn write_back_with_wrong_layout_is_an_error() {
 /// slower per step after its gradient warmup; DDP paid it every step).
 #[test]
 fn gradients_come_back_on_the_device_backward_uses() {
-    let device = Device::flex().autodiff();
-    let model = mlp(&device);
-    let x = Tensor::<2>::ones([2, 6], &device);
-    let loss = model
-        .fc2
-        .forward(model.act.forward(model.fc1.forward(x)))
-        .sum();
-    let grads = GradientsParams::from_grads(loss.backward(), &model);
+    let (model, grads) = mlp_with_grads();
     let reference: Tensor<2> = grads.get(model.fc1.weight.id).unwrap();
     assert!(
         !reference.is_autodiff(),
