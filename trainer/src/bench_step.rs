@@ -15,7 +15,11 @@
 //! agreement sits between its steps; that all-reduce takes the maximum of the step's time over
 //! the ranks, so the mean and median are over each step's slowest rank (as a synchronous
 //! iteration waits for it). That is the compute of a step as it runs between collectives, where
-//! the network stack and the collective's progress engine take turns with it on the cores. On
+//! the network stack and the collective's progress engine take turns with it on the cores. The
+//! loop's cycle — step and all-reduce together, on this rank's clock — is reported apart
+//! (`cycle_mean_ms`): less the slowest step, it is what one small collective costs between real
+//! steps, including the wait for ranks the scheduler has not run yet when there are more ranks
+//! than cores (`scripts/bench-matrix` feeds it to `localsgd plan --latency-us`). On
 //! two network namespaces of a 2-core machine, a 4.8k-parameter MLP's step read 0.147-0.149 ms
 //! this way, and training runs' own compute phases 0.12-0.18 ms in the same runs (0.20-0.25 ms
 //! before gradients from a flat buffer stopped carrying autodiff).
@@ -55,6 +59,9 @@ struct Measured {
     params: u64,
     median: f64,
     mean: f64,
+    /// Mean of step plus the between-steps all-reduce on this rank's clock (the step alone
+    /// with one rank).
+    cycle_mean: f64,
     copy_ms: f64,
     ranks: usize,
 }
@@ -129,6 +136,7 @@ fn measure(flags: &BenchStepFlags, cfg: &TrainConfig, peers: Option<&Group>) -> 
             .context("a one-rank thread world has one group")?,
     );
     let mut times = Vec::with_capacity(flags.iters);
+    let mut cycles = Vec::with_capacity(flags.iters);
     let mut copies = Vec::with_capacity(flags.iters);
     for it in 0..flags.warmup_iters + flags.iters {
         // Consecutive batches through the whole training set, as training sees them, built
@@ -150,8 +158,10 @@ fn measure(flags: &BenchStepFlags, cfg: &TrainConfig, peers: Option<&Group>) -> 
             group.all_reduce_slice(&mut slowest, ReduceOp::Max)?;
             ms = f64::from(slowest[0]);
         }
+        let cycle = started.elapsed().as_secs_f64() * 1e3;
         if it >= flags.warmup_iters {
             times.push(ms);
+            cycles.push(cycle);
         }
     }
     // The copies, apart (inside the loop above they would change the bare step): gradients of
@@ -179,11 +189,13 @@ fn measure(flags: &BenchStepFlags, cfg: &TrainConfig, peers: Option<&Group>) -> 
     };
     let median = median_of(&times);
     let mean = times.iter().sum::<f64>() / times.len() as f64;
+    let cycle_mean = cycles.iter().sum::<f64>() / cycles.len() as f64;
     let ranks = peers.map_or(1, |g| g.size());
     Ok(Measured {
         params,
         median,
         mean,
+        cycle_mean,
         copy_ms: median_of(&copies),
         ranks,
     })
@@ -195,13 +207,16 @@ fn report(flags: &BenchStepFlags, cfg: &TrainConfig, m: &Measured) -> Result<()>
         params,
         median,
         mean,
+        cycle_mean,
         copy_ms,
         ranks,
     } = *m;
     // Gradient bytes per second of that handling: `localsgd plan --copy-gbps`.
     let copy_gbps = 4.0 * params as f64 / (copy_ms * 1e-3) / 1e9;
     let among = if ranks > 1 {
-        format!(" (each step's slowest of {ranks} ranks, a one-float all-reduce between steps)")
+        format!(
+            " (each step's slowest of {ranks} ranks, a one-float all-reduce between steps; step and all-reduce {cycle_mean:.3} ms)"
+        )
     } else {
         String::new()
     };
@@ -217,6 +232,7 @@ fn report(flags: &BenchStepFlags, cfg: &TrainConfig, m: &Measured) -> Result<()>
             "iters": flags.iters,
             "median_ms": median,
             "mean_ms": mean,
+            "cycle_mean_ms": cycle_mean,
             "copy_ms": copy_ms,
             "copy_gbps": copy_gbps,
             "ranks": ranks,

@@ -51,7 +51,8 @@ pub(crate) struct PlanFlags {
     /// Each host's link rate to the switch, Gbit/s (full duplex).
     #[arg(long, default_value_t = 1.0)]
     link_gbit: f64,
-    /// Time of one small collective across hosts, µs (`localsgd bench-comm --floats 1`).
+    /// Time of one small collective across hosts between steps, µs (`localsgd bench-step
+    /// --backend mpi`: its step-and-all-reduce cycle less its mean step).
     #[arg(long, default_value_t = 50.0)]
     latency_us: f64,
     /// Link MTU in bytes.

@@ -403,4 +403,6 @@ fn bench_step_runs_on_every_rank_between_collectives() {
     assert_eq!(step["ranks"], 2);
     assert_eq!(step["params"], 4810);
     assert_eq!(step["iters"], 20);
+    let cycle = step["cycle_mean_ms"].as_f64().unwrap();
+    assert!(cycle.is_finite() && cycle > 0.0, "cycle_mean_ms {cycle}");
 }
