@@ -75,8 +75,10 @@ struct Row {
 }
 
 impl Row {
-    /// Microseconds per all-reduce (the slowest rank's, best repetition): `localsgd plan
-    /// --latency-us` for a 1-float buffer.
+    /// Microseconds per all-reduce (the slowest rank's, best repetition). For a 1-float buffer
+    /// between `--gap-us` spins, close to `localsgd plan --latency-us` with a core per rank;
+    /// with more ranks than cores `bench-step`'s cycle measures that instead (it sees the wait
+    /// for descheduled ranks).
     fn micros(&self) -> f64 {
         if self.gbps > 0.0 {
             self.floats as f64 * 4.0 / (self.gbps * 1e9) * 1e6

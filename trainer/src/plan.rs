@@ -23,8 +23,11 @@
 //!   is what Open MPI's all-reduce over TCP sent in the benchmark matrix (recursive halving:
 //!   the halves exchanged inside a host never touch its link): 1.02-1.07 `n` per host link on
 //!   2 hosts x 2 ranks, where a flat ring of the 4 ranks would send 1.5 `n`, and 1.5 `n` on
-//!   4 hosts x 1 rank. With one rank per host it is the ring's `2(m-1)/m * n`. (NCCL's ring
-//!   over `m` GPUs sends `2(m-1)/m * n` through every node's NIC; not modelled apart.) Control
+//!   4 hosts x 1 rank and 4 hosts x 2 ranks. With one rank per host it is the ring's
+//!   `2(m-1)/m * n`. Measured only for consecutive ranks per host (`mpirun --map-by slot`, the
+//!   default), equal ranks on every host, and 2 or 4 hosts; uneven splits and other host counts
+//!   get the same formula unchecked. (NCCL's ring over `m` GPUs sends `2(m-1)/m * n` through
+//!   every node's NIC; not modelled apart.) Control
 //!   collectives (a few words) cost their latency only. Groups of one rank cost nothing.
 //!   A token-bucket shaper (`tc ... tbf`, how the benchmarks emulate links) lets up to its
 //!   burst through without waiting once the link has been idle long enough to refill it; a real
@@ -953,6 +956,15 @@ mod tests {
         close(c8.allreduce(8, 1000.0, 0.0).1, 1500.0);
         // A group of 4 in it spans 2 hosts: 2 * 1/2.
         close(c8.allreduce(4, 1000.0, 0.0).1, 1000.0);
+        // A pair stays inside a host: nothing on the links, shared-memory time.
+        let (t, bytes) = c8.allreduce(2, 1000.0, 0.0);
+        close(bytes, 0.0);
+        close(t, 5e-6 + 1000.0 / 5e9);
+        // The world's time: its latency and its 1500 link bytes at goodput.
+        close(
+            c8.allreduce(8, 1000.0, 0.0).0,
+            50e-6 + 1500.0 / c8.link.goodput(),
+        );
         let c2 = two_hosts(2);
         close(c2.allreduce(4, 1000.0, 0.0).1, 1000.0);
         assert_eq!(c2.hosts_spanned(2, 2), 1);
