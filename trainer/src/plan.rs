@@ -37,8 +37,10 @@
 //!   handshakes), since the last collective that crossed the link; that collective empties it.
 //!   The latency counts because with more ranks than cores it is mostly waiting for a rank the
 //!   scheduler took off its core: on 4 hosts x 2 ranks on 2 cores the digits MLP's DDP at
-//!   100 Mbit/s ran at 2.40 ms per iteration, 1.6 ms of compute and latency hiding most of the
-//!   29 KB per link, where refilling during compute alone predicted 4.94 ms.
+//!   100 Mbit/s ran at 2.40 ms per iteration. Refilling during compute alone, the model
+//!   predicted 4.94 ms; refilling also during the two 1.2 ms latencies of each iteration (the
+//!   has-data all-gather's and the gradient all-reduce's), 2.90 ms. What is left over is those
+//!   two latencies themselves, charged in full although the measured iteration is shorter.
 //! * **The pipeline's own costs.** A fixed overhead per iteration (batch fetch, bookkeeping) and
 //!   a per-byte cost of every data collective (flatten into one buffer, write back), both
 //!   measured on one rank: the non-compute phases of a one-rank local-SGD run that never
@@ -1040,9 +1042,9 @@ mod tests {
             p.steady_s,
             0.3e-3 + 1e-3 + 1e-3 + (30_000.0 - credit) / (12.5e6 * eff),
         );
-        // 0.2 ms of it is left on the wire: 2.5 ms in all, where refilling during the compute
-        // alone would leave 2.1 ms on the wire (4.4 ms).
-        assert!((p.steady_s - 2.5e-3).abs() < 0.01e-3, "{}", p.steady_s);
+        // 0.21 ms of it is left on the wire: 2.51 ms in all, where refilling during the compute
+        // alone would leave 2.21 ms on the wire (4.51 ms).
+        assert!((p.steady_s - 2.509e-3).abs() < 0.001e-3, "{}", p.steady_s);
     }
 
     #[test]
