@@ -153,16 +153,9 @@ fn two_hosts_in_network_namespaces() {
         println!("SKIPPED two_hosts_in_network_namespaces: needs root and `ip netns`");
         return;
     }
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/mpi-two-hosts.sh");
-    let _one = one_mpi_job();
-    let out = Command::new("bash")
-        .arg(script)
-        .arg(CHECK)
-        .output()
-        .expect("run scripts/mpi-two-hosts.sh");
-    let text = all_output(&out);
+    let (ok, text) = localsgd_test_support::two_hosts(CHECK, Vec::new);
     println!("{text}");
-    assert!(out.status.success(), "{text}");
+    assert!(ok, "{text}");
     assert!(text.contains("ALL PASS (4 ranks"), "{text}");
     assert!(
         text.contains("PASS 2 hosts, each with an equal intra-node group"),
@@ -176,5 +169,58 @@ fn two_hosts_in_network_namespaces() {
             .find(|l| l.starts_with(&format!("INTRA rank {rank} ")))
             .unwrap_or_default();
         assert!(line.ends_with(want), "rank {rank}: {line}");
+    }
+}
+
+/// A 4-rank "program" for `two_hosts` that fails with `first_failure` printed on its first run
+/// and succeeds on later ones, counting its runs in `dir/runs`.
+fn flaky_program(dir: &std::path::Path, first_failure: &str) -> String {
+    let prog = dir.join("prog.sh");
+    let script = format!(
+        "#!/bin/sh\n\
+         if [ \"$OMPI_COMM_WORLD_RANK\" = 0 ]; then echo run >> {runs}; fi\n\
+         if [ ! -e {marker}.$OMPI_COMM_WORLD_RANK ]; then\n\
+           touch {marker}.$OMPI_COMM_WORLD_RANK; echo '{first_failure}'; exit 1\n\
+         fi\n\
+         echo fine\n",
+        runs = dir.join("runs").display(),
+        marker = dir.join("marker").display(),
+    );
+    std::fs::write(&prog, script).unwrap();
+    Command::new("chmod").arg("+x").arg(&prog).status().unwrap();
+    prog.display().to_string()
+}
+
+/// The two-host tests run the job a second time only when Open MPI's TCP transport could not
+/// connect two ranks, and only once; any other failure is reported at once.
+#[test]
+fn two_hosts_retries_only_open_mpis_connect_failure_and_only_once() {
+    if !localsgd_test_support::network_namespaces_usable() {
+        println!("SKIPPED: needs root and `ip netns`");
+        return;
+    }
+    let open_mpi = format!(
+        "WARNING: {} MPI process.",
+        localsgd_test_support::OPEN_MPI_CONNECT_FAILURE
+    );
+    for (failure, want_ok, want_runs) in [
+        (open_mpi.as_str(), true, 2),
+        ("some other failure", false, 1),
+    ] {
+        let dir = std::env::temp_dir().join(format!(
+            "localsgd-two-hosts-{}-{want_runs}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let prog = flaky_program(&dir, failure);
+        let (ok, text) = localsgd_test_support::two_hosts(&prog, Vec::new);
+        let runs = std::fs::read_to_string(dir.join("runs")).map_or(0, |s| s.lines().count());
+        assert_eq!(ok, want_ok, "{failure}: {text}");
+        assert_eq!(runs, want_runs, "{failure}: {text}");
+        let _ = std::fs::remove_dir_all(&dir);
+        if want_ok {
+            assert!(text.contains("fine"), "{text}");
+        }
     }
 }

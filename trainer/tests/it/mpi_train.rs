@@ -6,7 +6,7 @@
 
 use crate::one_process_per_rank;
 
-use localsgd_test_support::{network_namespaces_usable, one_mpi_job};
+use localsgd_test_support::{network_namespaces_usable, one_mpi_job, two_hosts};
 use one_process_per_rank::{BIN, args, final_params, run_threads, show};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -338,24 +338,21 @@ fn trains_across_two_hosts_in_network_namespaces() {
         );
         return;
     }
-    let _one = one_mpi_job();
     let dir = tempfile::tempdir().unwrap();
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/mpi-two-hosts.sh");
-    let mut a = args(dir.path(), 300);
-    a.extend(
-        ["--backend", "mpi", "--post-local-allreduce", "true"]
-            .iter()
-            .map(|s| s.to_string()),
-    );
-    let out = Command::new("bash")
-        .arg(script)
-        .arg(BIN)
-        .args(&a)
-        .output()
-        .expect("run scripts/mpi-two-hosts.sh");
-    let text = show(&out);
+    let (ok, text) = two_hosts(BIN, || {
+        // A second attempt starts from an empty run directory, not the first one's checkpoints.
+        let _ = std::fs::remove_dir_all(dir.path());
+        std::fs::create_dir_all(dir.path()).unwrap();
+        let mut a = args(dir.path(), 300);
+        a.extend(
+            ["--backend", "mpi", "--post-local-allreduce", "true"]
+                .iter()
+                .map(|s| s.to_string()),
+        );
+        a
+    });
     println!("{text}");
-    assert!(out.status.success(), "{text}");
+    assert!(ok, "{text}");
     assert!(
         text.contains("MPI: 4 ranks on 2 host(s); intra-node groups (world ranks): [0, 1] [2, 3]"),
         "{text}"
