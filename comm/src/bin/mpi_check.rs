@@ -126,8 +126,10 @@ fn check(
     if all_ok == Some(true) {
         if rank == 0 {
             println!(
-                "ALL PASS ({size} ranks, signature check {signature_check}, {})",
-                world.library_version().lines().next().unwrap_or_default()
+                "ALL PASS ({size} ranks, signature check {signature_check}, {}, MPI_Iallreduce \
+                 algorithm {:?})",
+                world.library_version().lines().next().unwrap_or_default(),
+                world.iallreduce_algorithm()
             );
         }
         Ok(())

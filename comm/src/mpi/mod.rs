@@ -24,6 +24,9 @@
 //!   hang (the watchdog then aborts the job), fail with an MPI error, or give wrong results.
 //! - Traffic counters count the payload of each collective like the thread backend; the
 //!   signature-check words are not counted.
+//! - Open MPI's non-blocking all-reduce (used by [dedicated](ProcessGroup::dedicated)
+//!   communicators) is set to Rabenseifner's algorithm at start-up unless the user chose one;
+//!   see [`MpiWorld::iallreduce_algorithm`] and [`IallreduceAlgorithm`].
 //!
 //! ```no_run
 //! use localsgd_comm::mpi::{MpiConfig, MpiWorld};
@@ -44,9 +47,11 @@
 mod ffi;
 mod group;
 mod ops;
+mod tuning;
 mod watchdog;
 
 pub use group::MpiGroup;
+pub use tuning::{IALLREDUCE_ALGORITHM_VAR, IallreduceAlgorithm, RABENSEIFNER};
 pub use watchdog::WATCHDOG_EXIT_CODE;
 
 use crate::error::CommError;
@@ -174,6 +179,7 @@ pub struct MpiWorld {
     processor_name: String,
     library_version: String,
     thread_multiple: bool,
+    iallreduce: IallreduceAlgorithm,
     universe: Option<Universe>,
 }
 
@@ -183,6 +189,7 @@ impl std::fmt::Debug for MpiWorld {
             .field("processor_name", &self.processor_name)
             .field("library_version", &self.library_version)
             .field("thread_multiple", &self.thread_multiple)
+            .field("iallreduce", &self.iallreduce)
             .finish()
     }
 }
@@ -241,6 +248,9 @@ impl MpiWorld {
                  all-reduce copies its buffer once"
             );
         }
+        // Before any non-blocking all-reduce, on every rank alike (see `tuning`).
+        let iallreduce = tuning::prefer_rabenseifner_iallreduce();
+        tracing::debug!("MPI_Iallreduce algorithm: {iallreduce:?}");
         let thread_multiple = threading == Threading::Multiple;
         if !thread_multiple {
             tracing::warn!(
@@ -270,9 +280,17 @@ impl MpiWorld {
             processor_name,
             library_version,
             thread_multiple,
+            iallreduce,
             universe: Some(universe),
         };
         Ok((world, Arc::new(group)))
+    }
+
+    /// What start-up did about Open MPI's `MPI_Iallreduce` algorithm, which the pipelined
+    /// gradient sync and overlapped averaging use: set to Rabenseifner's, kept at the user's
+    /// choice, or untouched (another MPI library).
+    pub fn iallreduce_algorithm(&self) -> &IallreduceAlgorithm {
+        &self.iallreduce
     }
 
     /// The host name MPI reports for this process (`MPI_Get_processor_name`).

@@ -36,6 +36,21 @@ fn all_output(out: &Output) -> String {
     )
 }
 
+/// A user's choice of Open MPI's `MPI_Iallreduce` algorithm is kept, and every check (the
+/// non-blocking all-reduces included) passes with it.
+#[test]
+fn a_users_iallreduce_algorithm_is_kept() {
+    let _one = one_mpi_job();
+    let out = localsgd_test_support::mpirun(4, CHECK)
+        .env("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "2")
+        .arg("check")
+        .output()
+        .unwrap_or_else(|e| panic!("could not run mpirun (is OpenMPI installed?): {e}"));
+    let text = all_output(&out);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("MPI_Iallreduce algorithm Kept(2))"), "{text}");
+}
+
 #[test]
 fn four_ranks_pass_every_check_with_signature_checks() {
     let (out, _) = mpirun(4, &["check"]);
@@ -46,6 +61,8 @@ fn four_ranks_pass_every_check_with_signature_checks() {
         text.contains("ALL PASS (4 ranks, signature check true"),
         "{text}"
     );
+    // Open MPI's non-blocking all-reduce runs Rabenseifner's algorithm unless the user chose.
+    assert!(text.contains("MPI_Iallreduce algorithm Set)"), "{text}");
     for name in [
         "all_reduce f32 sum",
         "average f16 semantics V3 (1.599609375)",
