@@ -1,9 +1,9 @@
 //! Non-blocking collectives: start now, complete later ([`AsyncGroup`], [`Pending`]).
 //!
-//! An [`AsyncGroup`] owns a [dedicated](crate::ProcessGroup::dedicated) communicator over the ranks of
-//! a group and one helper thread that drives it. [`AsyncGroup::start_all_reduce`] hands an owned
-//! buffer to the helper and returns at once with a [`Pending`] handle; [`Pending::wait`] gives
-//! the reduced buffer back (the same allocation: the collective works in place), and
+//! An [`AsyncGroup`] owns a [dedicated](crate::ProcessGroup::dedicated) communicator over the
+//! ranks of a group and one helper thread that drives it. [`AsyncGroup::start_all_reduce`] hands
+//! an owned buffer to the helper and returns at once with a [`Pending`] handle; [`Pending::wait`]
+//! gives the reduced buffer back (the same allocation: the collective works in place), and
 //! [`Pending::test`] asks without blocking. Meanwhile the calling thread keeps computing and may
 //! issue collectives on the original group: the two communicators never share a queue.
 //!

@@ -55,9 +55,8 @@ pub fn network_namespaces_usable() -> bool {
 }
 
 /// What Open MPI 4.1's TCP transport prints when a connection between two ranks fails. Upstream
-/// traces it to an overloaded machine (open-mpi/ompi#11508); on a 2-core CI machine running other
-/// tests beside a 4-rank job it happened once in dozens of runs, in the first collective that
-/// crossed the veth pair.
+/// traces it to an overloaded machine (open-mpi/ompi#11508). It failed one CI run (2 cores, other
+/// tests running beside the 4-rank job), in a collective that crossed the veth pair.
 pub const OPEN_MPI_CONNECT_FAILURE: &str = "Open MPI failed to TCP connect to a peer";
 
 /// Run `scripts/mpi-two-hosts.sh PROGRAM ARGS...` (4 ranks on two "hosts" in network namespaces;
