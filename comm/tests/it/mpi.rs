@@ -3,7 +3,8 @@
 #![cfg(feature = "mpi")]
 
 use localsgd_test_support::one_mpi_job;
-use std::process::{Command, Output};
+use std::os::unix::fs::PermissionsExt;
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 const CHECK: &str = env!("CARGO_BIN_EXE_mpi_check");
@@ -204,7 +205,7 @@ fn flaky_program(dir: &std::path::Path, first_failure: &str) -> String {
         marker = dir.join("marker").display(),
     );
     std::fs::write(&prog, script).unwrap();
-    Command::new("chmod").arg("+x").arg(&prog).status().unwrap();
+    std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o755)).unwrap();
     prog.display().to_string()
 }
 
