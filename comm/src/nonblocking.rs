@@ -49,11 +49,23 @@ use crate::error::CommError;
 use crate::group::Group;
 use crate::signature::{CallSignature, ReduceOp};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
 type Job = Box<dyn FnOnce(&Group) + Send>;
+
+/// Threads of this process blocked in [`Pending::wait`]. While there is one, the helper that
+/// drives a dedicated MPI communicator polls its pieces without sleeping: the waiting thread's
+/// core is free, and every sleep between two polls is time the transfer stands still (Open
+/// MPI's TCP transport moves data only inside a poll).
+static BLOCKED_WAITERS: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether a thread of this process is blocked waiting for a non-blocking collective.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+pub(crate) fn someone_waits() -> bool {
+    BLOCKED_WAITERS.load(Ordering::Relaxed) > 0
+}
 
 /// Non-blocking collectives over the ranks of a group (see the [module docs](self)).
 pub struct AsyncGroup {
@@ -250,16 +262,57 @@ impl<T: Element> Pending<T> {
     pub fn wait(mut self) -> Result<Vec<T>, CommError> {
         let (buf, outcome) = match self.done.take() {
             Some(done) => done,
-            None => self.result.recv().map_err(|_| CommError::Backend {
-                backend: self.parent.backend(),
-                message: format!(
-                    "the non-blocking collectives' thread stopped before finishing {}",
-                    self.sig
-                ),
-            })?,
+            None => {
+                BLOCKED_WAITERS.fetch_add(1, Ordering::Relaxed);
+                let received = self.result.recv();
+                BLOCKED_WAITERS.fetch_sub(1, Ordering::Relaxed);
+                received.map_err(|_| CommError::Backend {
+                    backend: self.parent.backend(),
+                    message: format!(
+                        "the non-blocking collectives' thread stopped before finishing {}",
+                        self.sig
+                    ),
+                })?
+            }
         };
         self.outstanding.fetch_sub(1, Ordering::Relaxed);
         outcome?;
         Ok(buf)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ThreadWorld;
+    use std::time::{Duration, Instant};
+
+    /// A thread blocked in `Pending::wait` is seen by `someone_waits` (what lets the MPI helper
+    /// poll without sleeping): rank 1 joins the all-reduce only once it sees rank 0 waiting.
+    #[test]
+    fn a_thread_blocked_in_wait_is_seen_waiting() {
+        let out = ThreadWorld::new(2)
+            .unwrap()
+            .run(|group| {
+                let mut side = AsyncGroup::new(group.clone()).unwrap();
+                let saw_a_waiter = if group.rank() == 1 {
+                    let deadline = Instant::now() + Duration::from_secs(30);
+                    while !someone_waits() && Instant::now() < deadline {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    someone_waits()
+                } else {
+                    true
+                };
+                let pending = side.start_all_reduce(vec![1.0f32], ReduceOp::Sum).unwrap();
+                let sum = pending.wait().unwrap();
+                side.close().unwrap();
+                (saw_a_waiter, sum)
+            })
+            .unwrap();
+        for (saw_a_waiter, sum) in out {
+            assert!(saw_a_waiter, "rank 0's wait was not registered");
+            assert_eq!(sum, vec![2.0]);
+        }
     }
 }

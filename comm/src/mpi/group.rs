@@ -40,10 +40,16 @@ pub struct MpiGroup {
     /// all-reduces run in pieces of at most [`DEDICATED_PIECE_BYTES`], each an `MPI_Iallreduce`
     /// completed by `MPI_Test` every `interval` with a sleep in between. The sleep keeps the
     /// helper thread that drives it off the core the compute thread needs (OpenMPI's blocking
-    /// calls spin); the pieces bound how much of it sits in a TCP connection ahead of the other
+    /// calls spin); while the compute thread is blocked waiting for the result, the helper polls
+    /// without sleeping (a sleep is time the transfer stands still); the pieces bound how much of it sits in a TCP connection ahead of the other
     /// communicator's small collectives (OpenMPI sends every communicator between two processes
     /// over the same connection). `None`: blocking calls.
     poll: Option<Duration>,
+    /// Whether a dedicated communicator's helper polls without sleeping while a thread of this
+    /// process is blocked waiting for its result: on, unless Open MPI was told that ranks share
+    /// cores ([`tuning::ranks_share_cores`]), where a polling helper takes the core another
+    /// rank's compute needs.
+    hurry: bool,
 }
 
 /// Polling interval of a dedicated communicator's all-reduce pieces: short against a piece's
@@ -80,6 +86,7 @@ impl MpiGroup {
             runtime,
             issue: Mutex::new(()),
             poll: None,
+            hurry: false,
         })
     }
 
@@ -115,6 +122,7 @@ impl MpiGroup {
                 runtime: self.runtime.clone(),
                 issue: Mutex::new(()),
                 poll: None,
+                hurry: false,
             }),
             Err(e) => {
                 mffi::free_comm(comm);
@@ -164,8 +172,11 @@ impl MpiGroup {
         Ok(out)
     }
 
-    /// `MPI_Test` `request` every `interval` (sleeping in between) until it completes. A peer
-    /// that never joins is ended by the watchdog around the collective, as for blocking calls.
+    /// `MPI_Test` `request` every `interval` (sleeping in between) until it completes; while a
+    /// thread of this process is blocked waiting for a non-blocking collective
+    /// ([`Pending::wait`](crate::Pending::wait)), without sleeping (yielding the core between
+    /// polls), unless ranks share cores (see the `hurry` field). A peer that never joins is ended by the watchdog around the collective, as for
+    /// blocking calls.
     fn wait_polling(
         &self,
         request: &mut ffi::MPI_Request,
@@ -180,7 +191,11 @@ impl MpiGroup {
             if done != 0 {
                 return Ok(());
             }
-            std::thread::sleep(interval);
+            if self.hurry && crate::nonblocking::someone_waits() {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(interval);
+            }
         }
     }
 
@@ -436,6 +451,7 @@ impl ProcessGroup for MpiGroup {
             let members = self.world_ranks.to_vec();
             let mut group = self.child(Comm(new), members, TrafficChain::root())?;
             group.poll = Some(DEDICATED_POLL);
+            group.hurry = !super::tuning::ranks_share_cores();
             let group: Group = Arc::new(group);
             Ok(group)
         })
