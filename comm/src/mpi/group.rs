@@ -41,9 +41,10 @@ pub struct MpiGroup {
     /// completed by `MPI_Test` every `interval` with a sleep in between. The sleep keeps the
     /// helper thread that drives it off the core the compute thread needs (OpenMPI's blocking
     /// calls spin); while the compute thread is blocked waiting for the result, the helper polls
-    /// without sleeping (a sleep is time the transfer stands still); the pieces bound how much of it sits in a TCP connection ahead of the other
-    /// communicator's small collectives (OpenMPI sends every communicator between two processes
-    /// over the same connection). `None`: blocking calls.
+    /// without sleeping (a sleep is time the transfer stands still; see `hurry`). The pieces
+    /// bound how much of it sits in a TCP connection ahead of the other communicator's small
+    /// collectives (OpenMPI sends every communicator between two processes over the same
+    /// connection). `None`: blocking calls.
     poll: Option<Duration>,
     /// Whether a dedicated communicator's helper polls without sleeping while a thread of this
     /// process is blocked waiting for its result: on, unless Open MPI was told that ranks share
@@ -175,8 +176,8 @@ impl MpiGroup {
     /// `MPI_Test` `request` every `interval` (sleeping in between) until it completes; while a
     /// thread of this process is blocked waiting for a non-blocking collective
     /// ([`Pending::wait`](crate::Pending::wait)), without sleeping (yielding the core between
-    /// polls), unless ranks share cores (see the `hurry` field). A peer that never joins is ended by the watchdog around the collective, as for
-    /// blocking calls.
+    /// polls), unless ranks share cores (see the `hurry` field). A peer that never joins is
+    /// ended by the watchdog around the collective, as for blocking calls.
     fn wait_polling(
         &self,
         request: &mut ffi::MPI_Request,

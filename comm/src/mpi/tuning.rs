@@ -117,7 +117,8 @@ fn set_unless_chosen() -> IallreduceAlgorithm {
 /// `mpi_yield_when_idle` set (`--mca mpi_yield_when_idle 1` reaches every rank as
 /// `OMPI_MCA_mpi_yield_when_idle`) to anything but `0`, `false` or `no`. The pipelined gradient
 /// sync then keeps its helper sleeping between polls even while the compute thread waits: with
-/// 4 ranks on 2 cores, a polling helper slowed the wide MLP's DDP at 1 Gbit/s by 12-20%.
+/// 4 ranks on 2 cores, a polling helper slowed the wide MLP's DDP at 1 Gbit/s by 8-24%
+/// (two consecutive A/B runs).
 pub(crate) fn ranks_share_cores() -> bool {
     std::env::var("OMPI_MCA_mpi_yield_when_idle").is_ok_and(|v| is_set(&v))
 }
