@@ -275,6 +275,60 @@ fn collectives(c: &mut Checker, g: &Group) {
         }
     }
 
+    // Buffers of several all-reduce pieces (256 KiB each) and a remainder: every element is
+    // reduced, across the piece boundaries, for 4-, 8- and 2-byte elements.
+    let n32 = 3 * 65_536 + 17;
+    let mut sum32: Vec<f32> = (0..n32).map(|i| (i % 1000 + rank) as f32).collect();
+    let mut mean64: Vec<f64> = (0..n32).map(|i| (i % 1000 + rank) as f64).collect();
+    let mut max16: Vec<f16> = (0..n32)
+        .map(|i| f16::from_f32(((i + rank) % 7) as f32))
+        .collect();
+    let ranks_sum = (size * (size - 1) / 2) as f64;
+    let wrong = |got: &mut dyn Iterator<Item = f64>, want: &dyn Fn(usize) -> f64| {
+        got.enumerate().find(|&(i, x)| x != want(i))
+    };
+    if c.ok(
+        "all_reduce sum, 3+ pieces",
+        g.all_reduce_slice(&mut sum32, ReduceOp::Sum),
+    )
+    .is_some()
+    {
+        let bad = wrong(&mut sum32.iter().map(|&x| f64::from(x)), &|i| {
+            (size * (i % 1000)) as f64 + ranks_sum
+        });
+        c.check("all_reduce sum, 3+ pieces", bad.is_none(), || {
+            format!("first wrong element (index, value): {bad:?}")
+        });
+    }
+    if c.ok(
+        "all_reduce mean f64, 6+ pieces",
+        g.all_reduce_slice(&mut mean64, ReduceOp::Mean),
+    )
+    .is_some()
+    {
+        let bad = wrong(&mut mean64.iter().copied(), &|i| {
+            (i % 1000) as f64 + ranks_sum / size as f64
+        });
+        c.check("all_reduce mean f64, 6+ pieces", bad.is_none(), || {
+            format!("first wrong element (index, value): {bad:?}")
+        });
+    }
+    if c.ok(
+        "all_reduce max f16, 1+ pieces",
+        g.all_reduce_slice(&mut max16, ReduceOp::Max),
+    )
+    .is_some()
+    {
+        // Some rank holds 6 at every index once there are 7 ranks; with fewer, the largest
+        // of (i + r) % 7 over the ranks r.
+        let bad = wrong(&mut max16.iter().map(|x| x.to_f64()), &|i| {
+            (0..size).map(|r| ((i + r) % 7) as f64).fold(0.0, f64::max)
+        });
+        c.check("all_reduce max f16, 1+ pieces", bad.is_none(), || {
+            format!("first wrong element (index, value): {bad:?}")
+        });
+    }
+
     // Empty buffers still synchronise.
     let mut empty: Vec<f32> = Vec::new();
     let r = g.all_reduce_slice(&mut empty, ReduceOp::Sum);

@@ -37,7 +37,7 @@ pub struct MpiGroup {
     /// mismatch error with signature checks on).
     issue: Mutex<()>,
     /// `Some(interval)` for a [`dedicated`](ProcessGroup::dedicated) communicator: its
-    /// all-reduces run in pieces of at most [`DEDICATED_PIECE_BYTES`], each an `MPI_Iallreduce`
+    /// all-reduces run in pieces of at most [`PIECE_BYTES`], each an `MPI_Iallreduce`
     /// completed by `MPI_Test` every `interval` with a sleep in between. The sleep keeps the
     /// helper thread that drives it off the core the compute thread needs (OpenMPI's blocking
     /// calls spin); while the compute thread is blocked waiting for the result, the helper polls
@@ -57,9 +57,16 @@ pub struct MpiGroup {
 /// transfer, long enough that the helper thread costs almost no CPU.
 const DEDICATED_POLL: Duration = Duration::from_micros(100);
 
-/// Largest piece of a dedicated communicator's all-reduce: about 2 ms of a 1 Gbit/s link, the
-/// most a world collective issued meanwhile waits behind it.
-const DEDICATED_PIECE_BYTES: usize = 256 * 1024;
+/// Largest piece of an all-reduce: about 2 ms of a 1 Gbit/s link. Blocking calls and a
+/// dedicated communicator's non-blocking ones alike run one piece after the other.
+///
+/// On a dedicated communicator it bounds how long a world collective issued meanwhile waits
+/// behind it (both share one TCP connection between two processes). On every communicator it
+/// keeps Open MPI's blocking all-reduce at the link's rate: the wide MLP's 10.6 MB over 4
+/// namespace hosts at 100 Mbit/s took 2091 ms as one `MPI_Allreduce` and 1401 ms in these
+/// pieces (wire time 1336 ms), with the same bytes on the links; post-local SGD period 4,
+/// 574 and 432 ms per iteration (one run each, 2026-12-04; the book's Benchmarks chapter).
+const PIECE_BYTES: usize = 256 * 1024;
 
 impl fmt::Debug for MpiGroup {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -248,8 +255,7 @@ impl MpiGroup {
         let in_place = self.runtime.in_place;
         self.collective(sig, || {
             if let (Some(interval), Some(sentinel)) = (self.poll, in_place) {
-                let piece_len = (DEDICATED_PIECE_BYTES / std::mem::size_of::<T>()).max(1);
-                buf.chunks_mut(piece_len).try_for_each(|piece| {
+                for_pieces(buf, piece_len::<T>(), |piece| {
                     // SAFETY: as for the blocking call below; the request handle is written by
                     // MPI_Iallreduce and completed by `wait_polling` before `piece` is released.
                     let mut request: ffi::MPI_Request = unsafe { std::mem::zeroed() };
@@ -268,7 +274,7 @@ impl MpiGroup {
                     self.wait_polling(&mut request, interval, &sig)
                 })?;
             } else {
-                for_pieces(buf, |piece| {
+                for_pieces(buf, piece_len::<T>(), |piece| {
                     let count = piece.len() as c_int;
                     let recv = piece.as_mut_ptr() as *mut c_void;
                     let rc = match in_place {
@@ -320,7 +326,7 @@ impl MpiGroup {
         }
         let sig = CallSignature::broadcast(root, T::TYPE, buf.len());
         self.collective(sig, || {
-            for_pieces(buf, |piece| {
+            for_pieces(buf, MAX_COUNT, |piece| {
                 // SAFETY: `piece` is a live buffer of `piece.len()` elements of the datatype;
                 // `root` is a rank of the communicator.
                 let rc = unsafe {
@@ -338,16 +344,23 @@ impl MpiGroup {
     }
 }
 
-/// Call `f` on consecutive pieces of at most [`MAX_COUNT`] elements (once, on the empty slice,
-/// for an empty buffer, so every rank still takes part in the collective).
+/// Elements of `T` in one all-reduce piece: as many as fit in [`PIECE_BYTES`] (at least one).
+fn piece_len<T>() -> usize {
+    (PIECE_BYTES / std::mem::size_of::<T>()).clamp(1, MAX_COUNT)
+}
+
+/// Call `f` on consecutive pieces of at most `len` elements (once, on the empty slice, for an
+/// empty buffer, so every rank still takes part in the collective). `len` is at least 1 and at
+/// most [`MAX_COUNT`] (MPI counts are `int`s).
 fn for_pieces<T>(
     buf: &mut [T],
+    len: usize,
     mut f: impl FnMut(&mut [T]) -> Result<(), CommError>,
 ) -> Result<(), CommError> {
     if buf.is_empty() {
         return f(buf);
     }
-    buf.chunks_mut(MAX_COUNT).try_for_each(f)
+    buf.chunks_mut(len).try_for_each(f)
 }
 
 impl Drop for MpiGroup {

@@ -113,14 +113,27 @@ fn set_unless_chosen() -> IallreduceAlgorithm {
     outcome
 }
 
-/// Whether Open MPI was told that this process's ranks share cores: its MCA parameter
-/// `mpi_yield_when_idle` set (`--mca mpi_yield_when_idle 1` reaches every rank as
-/// `OMPI_MCA_mpi_yield_when_idle`) to anything but `0`, `false` or `no`. The pipelined gradient
-/// sync then keeps its helper sleeping between polls even while the compute thread waits: with
-/// 4 ranks on 2 cores, a polling helper slowed the wide MLP's DDP at 1 Gbit/s by 8-24%
-/// (two consecutive A/B runs).
+/// Whether Open MPI was told that this process's ranks share cores, as Open MPI itself decides
+/// to yield the core while it waits: its MCA parameter `mpi_yield_when_idle` set (`--mca
+/// mpi_yield_when_idle 1` reaches every rank as `OMPI_MCA_mpi_yield_when_idle`), or the
+/// launcher's `OMPI_MCA_mpi_oversubscribe` (what `mpirun` sets on every rank of a node given
+/// more ranks than slots, by default its cores; Open MPI then yields whatever
+/// `mpi_yield_when_idle` says), either to anything but `0`, `false` or `no`.
+///
+/// Where it holds, the pipelined gradient sync keeps its helper sleeping between polls even
+/// while the compute thread waits: with 4 ranks on 2 cores a polling helper slowed the wide
+/// MLP's DDP at 1 Gbit/s by 8-24% (two consecutive A/B runs).
 pub(crate) fn ranks_share_cores() -> bool {
-    std::env::var("OMPI_MCA_mpi_yield_when_idle").is_ok_and(|v| is_set(&v))
+    let var = |name| std::env::var(name).ok();
+    shares_cores(
+        var("OMPI_MCA_mpi_yield_when_idle").as_deref(),
+        var("OMPI_MCA_mpi_oversubscribe").as_deref(),
+    )
+}
+
+/// [`ranks_share_cores`] from the two variables' values (`None`: unset).
+fn shares_cores(yield_when_idle: Option<&str>, oversubscribe: Option<&str>) -> bool {
+    yield_when_idle.is_some_and(is_set) || oversubscribe.is_some_and(is_set)
 }
 
 /// An Open MPI boolean parameter's value read as set (`1`, `true`, `yes`, ...; not `0`,
@@ -134,7 +147,7 @@ fn is_set(value: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::is_set;
+    use super::{is_set, shares_cores};
 
     #[test]
     fn open_mpi_booleans_read_as_open_mpi_reads_them() {
@@ -144,5 +157,18 @@ mod tests {
         for v in ["", "0", "false", "no", "off", "disabled"] {
             assert!(!is_set(v), "{v:?}");
         }
+    }
+
+    #[test]
+    fn either_yielding_or_oversubscription_means_shared_cores() {
+        // `mpirun` sets `mpi_oversubscribe` to 0 on every node it does not oversubscribe.
+        assert!(!shares_cores(None, None));
+        assert!(!shares_cores(None, Some("0")));
+        assert!(!shares_cores(Some("0"), Some("0")));
+        assert!(shares_cores(Some("1"), None));
+        assert!(shares_cores(Some("1"), Some("0")));
+        assert!(shares_cores(None, Some("1")));
+        // Open MPI yields on an oversubscribed node even when told not to.
+        assert!(shares_cores(Some("0"), Some("1")));
     }
 }
