@@ -19,8 +19,9 @@ const POLL: Duration = Duration::from_millis(200);
 pub(crate) enum What {
     /// A collective.
     Call(CallSignature),
-    /// Any other blocking step (communicator creation, destruction, ...); only NCCL has them.
-    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
+    /// Any other blocking step (NCCL communicator creation and destruction, MPI's connection
+    /// set-up at start-up).
+    #[cfg_attr(not(any(feature = "nccl", feature = "mpi")), allow(dead_code))]
     Named(String),
 }
 

@@ -83,7 +83,7 @@ pub(crate) fn progress_bar(cfg: &TrainConfig) -> Option<Progress> {
 /// per-rank function, [`run::run_rank`] (train, then the slowest wall time and the totals over
 /// every rank), and rank 0's outcome is reported by [`report`]. Threads: one process, ranks as
 /// threads ([`run::train_threads`]); MPI and NCCL: this process is one rank
-/// ([`crate::process_train`]).
+/// (`process_train.rs`).
 pub(crate) fn train(flags: &ConfigFlags) -> Result<()> {
     let cfg = resolve(flags)?;
     match cfg.backend {

@@ -2,9 +2,11 @@
 //! so MPI tests run as separate processes).
 //!
 //! Modes (first argument):
-//! - `check [--no-signature-check] [--expect-hosts N] [--expect-tcp-links N]`: every
-//!   collective, subgroups (blocks, colors, intra-node), traffic counters, the TCP links asked of
-//!   Open MPI (default 2), and (with signature checks, the default) mismatch detection. Prints
+//! - `check [--no-signature-check] [--no-preconnect] [--expect-hosts N] [--expect-tcp-links N]`:
+//!   every collective, subgroups (blocks, colors, intra-node), traffic counters, the TCP links
+//!   asked of Open MPI (default 2), (with signature checks, the default) mismatch detection, and
+//!   (with start-up's connection set-up, the default) that no TCP connection opened after
+//!   start-up. Prints
 //!   `PASS ...` lines, `FAIL ...` lines for failures, and finally `ALL PASS` (rank 0) or exits
 //!   with code 1.
 //! - `kill-rank R`: rank R kills itself with SIGKILL after one all-reduce; the others keep
@@ -40,6 +42,7 @@ fn main() -> ExitCode {
     let result = match mode {
         "check" => check(
             !flag("--no-signature-check"),
+            !flag("--no-preconnect"),
             value("--expect-hosts"),
             value("--expect-tcp-links").unwrap_or(u64::from(DEFAULT_TCP_LINKS)),
         ),
@@ -69,6 +72,7 @@ fn init(config: MpiConfig) -> Result<(MpiWorld, Group), String> {
 
 fn check(
     signature_check: bool,
+    preconnect: bool,
     expect_hosts: Option<u64>,
     expect_tcp_links: u64,
 ) -> Result<(), String> {
@@ -82,8 +86,10 @@ fn check(
     drop(no_links);
     let config = MpiConfig::default()
         .with_timeout(Duration::from_secs(60))
-        .with_signature_check(signature_check);
+        .with_signature_check(signature_check)
+        .with_preconnect(preconnect);
     let (world, g) = init(config)?;
+    let at_start = tcp_connections();
     let (rank, size) = (g.rank(), g.size());
     let mut c = Checker::new(rank);
     c.check("zero timeout refused", zero_refused, || {
@@ -122,6 +128,10 @@ fn check(
         mismatches(&mut c, &g);
     }
 
+    if preconnect {
+        connections(&mut c, at_start, expect_hosts, size);
+    }
+
     let all_ok = c.ok("final agreement", g.all_true(c.failures == 0));
     if all_ok == Some(true) {
         if rank == 0 {
@@ -135,6 +145,57 @@ fn check(
         Ok(())
     } else {
         Err(format!("rank {rank}: {} check(s) failed", c.failures))
+    }
+}
+
+/// This process's established TCP connections (Linux: its socket descriptors listed in
+/// `/proc/self/net/tcp{,6}` with state 01); `None` where `/proc` cannot tell.
+fn tcp_connections() -> Option<usize> {
+    let mut inodes = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/fd").ok()? {
+        let target = std::fs::read_link(entry.ok()?.path()).ok()?;
+        let target = target.to_string_lossy();
+        if let Some(inode) = target
+            .strip_prefix("socket:[")
+            .and_then(|t| t.strip_suffix(']'))
+        {
+            inodes.push(inode.to_string());
+        }
+    }
+    let mut established = 0;
+    for table in ["/proc/self/net/tcp", "/proc/self/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        established += text
+            .lines()
+            .skip(1)
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .filter(|f| f.len() > 9 && f[3] == "01" && inodes.contains(&f[9].to_string()))
+            .count();
+    }
+    Some(established)
+}
+
+/// With start-up's connection set-up ([`MpiConfig::with_preconnect`]): no TCP connection was
+/// opened after `MpiWorld::init` returned, and on `hosts` hosts every rank had one to each rank
+/// on other hosts by then (Linux only; elsewhere nothing is checked).
+fn connections(c: &mut Checker, at_start: Option<usize>, hosts: Option<u64>, size: usize) {
+    let (Some(start), Some(end)) = (at_start, tcp_connections()) else {
+        return;
+    };
+    c.check(
+        "no TCP connection opened after start-up",
+        start == end,
+        || format!("{start} at start-up, {end} now"),
+    );
+    if let Some(hosts) = hosts.filter(|&h| h > 1) {
+        let elsewhere = size - size / hosts as usize;
+        c.check(
+            "start-up connected every rank on another host",
+            start >= elsewhere,
+            || format!("{start} TCP connections at start-up, {elsewhere} ranks elsewhere"),
+        );
     }
 }
 

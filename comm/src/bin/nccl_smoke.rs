@@ -270,7 +270,7 @@ impl Num for bf16 {
 /// The expected value of element i over n ranks.
 type Expect = fn(f64, f64) -> f64;
 
-/// Rank r holds x[i] = (r + 1) + i/2, i in 0..8 (exact in every type for up to 8 ranks).
+/// Rank r holds x\[i\] = (r + 1) + i/2, i in 0..8 (exact in every type for up to 8 ranks).
 /// Over n ranks: sum = n(n+1)/2 + n i/2, mean = (n+1)/2 + i/2, max = n + i/2, min = 1 + i/2.
 fn reductions<T: Num>(c: &mut Checker, g: &Group, ty: &str) {
     let (r, n) = (g.rank() as f64, g.size() as f64);

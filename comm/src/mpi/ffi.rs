@@ -135,6 +135,79 @@ pub(crate) fn all_gather_u64(
     Ok(out)
 }
 
+/// Tag of [`connect_all`]'s messages (completed before `MpiWorld::init` returns, so they meet
+/// no other message).
+const CONNECT_TAG: c_int = 0x4c53;
+
+/// Make this rank's connections to the other ranks of `comm` now: in round `i`
+/// (1 ≤ i < size), `per_peer` empty messages to rank `rank + i` and as many from rank
+/// `rank - i` (modulo `size`), so every pair exchanges `per_peer` messages each way and MPI
+/// opens whatever connection it uses between them.
+pub(crate) fn connect_all(
+    comm: Comm,
+    rank: usize,
+    size: usize,
+    per_peer: usize,
+) -> Result<(), CommError> {
+    let to_int = |v: usize| {
+        c_int::try_from(v)
+            .map_err(|_| CommError::InvalidConfig(format!("rank {v} does not fit MPI's int ranks")))
+    };
+    for i in 1..size {
+        let next = to_int((rank + i) % size)?;
+        let prev = to_int((rank + size - i) % size)?;
+        // SAFETY: a zeroed request handle is overwritten by MPI_Irecv/MPI_Isend.
+        let mut requests: Vec<ffi::MPI_Request> = (0..2 * per_peer)
+            .map(|_| unsafe { std::mem::zeroed() })
+            .collect();
+        let mut empty = [0u8; 1];
+        for pair in requests.chunks_exact_mut(2) {
+            // SAFETY: zero-element messages; `empty` outlives the requests (waited below).
+            let rc = unsafe {
+                ffi::MPI_Irecv(
+                    empty.as_mut_ptr() as *mut c_void,
+                    0,
+                    ffi::RSMPI_UINT8_T,
+                    prev,
+                    CONNECT_TAG,
+                    comm.0,
+                    &mut pair[0],
+                )
+            };
+            check(rc, || {
+                format!("MPI_Irecv from rank {prev} (connection set-up)")
+            })?;
+            // SAFETY: as above.
+            let rc = unsafe {
+                ffi::MPI_Isend(
+                    empty.as_ptr() as *const c_void,
+                    0,
+                    ffi::RSMPI_UINT8_T,
+                    next,
+                    CONNECT_TAG,
+                    comm.0,
+                    &mut pair[1],
+                )
+            };
+            check(rc, || {
+                format!("MPI_Isend to rank {next} (connection set-up)")
+            })?;
+        }
+        // SAFETY: `requests` holds `2 * per_peer` active requests; statuses ignored.
+        let rc = unsafe {
+            ffi::MPI_Waitall(
+                requests.len() as c_int,
+                requests.as_mut_ptr(),
+                ffi::RSMPI_STATUSES_IGNORE,
+            )
+        };
+        check(rc, || {
+            format!("MPI_Waitall with ranks {prev} and {next} (connection set-up)")
+        })?;
+    }
+    Ok(())
+}
+
 /// The host name MPI reports for this process (`MPI_Get_processor_name`).
 pub(crate) fn processor_name() -> Result<String, CommError> {
     // SAFETY: reading an rsmpi-exported constant.

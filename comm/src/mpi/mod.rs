@@ -22,6 +22,8 @@
 //!   costs one small-message latency per collective (a few microseconds in shared memory, tens
 //!   over TCP). Without the check, mismatched collectives are undefined behaviour in MPI: they
 //!   hang (the watchdog then aborts the job), fail with an MPI error, or give wrong results.
+//! - The connections between ranks open in [`MpiWorld::init`], not at first use, so none opens
+//!   while two threads of a rank are inside MPI ([`MpiConfig::with_preconnect`]).
 //! - Traffic counters count the payload of each collective like the thread backend; the
 //!   signature-check words are not counted.
 //! - Open MPI's non-blocking all-reduce (used by [dedicated](ProcessGroup::dedicated)
@@ -58,7 +60,7 @@ use crate::error::CommError;
 use crate::group::Group;
 #[cfg(doc)]
 use crate::group::ProcessGroup;
-use crate::watchdog::Watchdog;
+use crate::watchdog::{Watchdog, What};
 use mpi::environment::{Threading, Universe};
 use ops::UserOps;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -74,6 +76,7 @@ pub struct MpiConfig {
     timeout: Duration,
     signature_check: bool,
     tcp_links: Option<u32>,
+    preconnect: bool,
 }
 
 /// TCP connections per pair of ranks that [`MpiConfig::default`] asks Open MPI for
@@ -89,6 +92,7 @@ impl Default for MpiConfig {
             timeout: DEFAULT_TIMEOUT,
             signature_check: false,
             tcp_links: Some(DEFAULT_TCP_LINKS),
+            preconnect: true,
         }
     }
 }
@@ -129,6 +133,37 @@ impl MpiConfig {
     /// TCP connections per pair of ranks asked of Open MPI (`None`: its default).
     pub fn tcp_links(&self) -> Option<u32> {
         self.tcp_links
+    }
+
+    /// Open the connections between every pair of ranks in [`MpiWorld::init_with`], before it
+    /// returns (default on): each rank exchanges empty messages (one per TCP link: the
+    /// [`TCP_LINKS_VAR`] Open MPI read, else 1) with every other rank.
+    ///
+    /// Open MPI opens a TCP connection the first time two ranks exchange a message. Opened
+    /// while two threads of a rank are inside MPI at once (a helper thread driving a
+    /// [dedicated](ProcessGroup::dedicated) communicator's all-reduce, the training loop
+    /// running a world collective), a connection can fail to come up: Open MPI 4.1.4 printed
+    /// "Open MPI failed to TCP connect to a peer MPI process" and the job hung until the
+    /// collective timeout, twice in a row in this project's CI (4 ranks on 2 network-namespace
+    /// hosts, at the first non-blocking all-reduce). Opened here, every connection comes up
+    /// while one thread alone is inside MPI, and a peer that never answers is ended by the
+    /// collective timeout. On those 2 hosts no connection was opened after start-up, and a
+    /// 100 Mbit/s link carried the wide MLP's gradients as fast as without it (908 and 902 ms
+    /// per iteration, 2 hosts × 1 rank, one run each).
+    ///
+    /// Cost: one round per other rank at start-up, and a connection to every rank on another
+    /// host where Open MPI would open only those its collectives use (ranks on one host talk
+    /// through shared memory). Off: connections open as they are first needed, Open MPI's
+    /// default; consider it at several hundred ranks, where a process's file descriptor limit
+    /// may not hold a connection to every other rank.
+    pub fn with_preconnect(mut self, on: bool) -> Self {
+        self.preconnect = on;
+        self
+    }
+
+    /// Whether start-up opens every connection (see [`with_preconnect`](Self::with_preconnect)).
+    pub fn preconnect(&self) -> bool {
+        self.preconnect
     }
 
     /// The collective timeout.
@@ -274,6 +309,23 @@ impl MpiWorld {
             finalized: AtomicBool::new(false),
             host_id: host_hash(&processor_name),
         });
+        let world_size = ffi::comm_size(world)?;
+        if config.preconnect {
+            let links = std::env::var(TCP_LINKS_VAR)
+                .ok()
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .filter(|&n| n > 0)
+                .unwrap_or(1);
+            let everyone: Arc<[usize]> = (0..world_size).collect();
+            let _watch = runtime.watchdog.watch(
+                What::Named(format!(
+                    "opening the connections to every other rank ({links} TCP links per pair)"
+                )),
+                &everyone,
+                config.timeout,
+            );
+            ffi::connect_all(world, world_rank, world_size, links)?;
+        }
         let group = group::MpiGroup::world(runtime.clone(), config)?;
         let world = MpiWorld {
             runtime,

@@ -179,6 +179,16 @@ fn two_hosts_in_network_namespaces() {
         text.contains("PASS 2 hosts, each with an equal intra-node group"),
         "{text}"
     );
+    // Start-up opened the connections across the hosts; none was opened while a helper thread
+    // and the main thread were both inside MPI.
+    assert!(
+        text.contains("PASS start-up connected every rank on another host"),
+        "{text}"
+    );
+    assert!(
+        text.contains("PASS no TCP connection opened after start-up"),
+        "{text}"
+    );
     for rank in 0..4 {
         let want = if rank < 2 { "[0, 1]" } else { "[2, 3]" };
         assert!(text.contains(&format!("INTRA rank {rank} host")), "{text}");

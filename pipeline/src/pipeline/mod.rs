@@ -670,9 +670,10 @@ fn settle_buffers<M: Module>(model: M) -> M {
     model.train()
 }
 
-/// [`settle_buffers`] when the module has buffers: the buffers' latest values become visible
-/// (call it before reading or saving a module that ran forward passes). Other modules are
-/// returned as they are.
+/// When the module has buffers, apply their pending updates (burn's `RunningState` keeps a
+/// forward pass's update pending until the next forward reads it): the buffers' latest values
+/// become visible (call it before reading or saving a module that ran forward passes). Other
+/// modules are returned as they are.
 pub fn settle_if_buffers<M: Module>(model: M) -> M {
     if ParamSelection::buffers(&model).is_empty() {
         model
