@@ -63,6 +63,14 @@ pub trait ProcessGroup: Send + Sync + Debug {
 
     /// Host identifier of this rank (ranks with equal ids share a machine).
     fn host_id(&self) -> u64;
+    /// Whether this rank was started knowing that its host runs more ranks than it has cores
+    /// (MPI: Open MPI's `mpi_yield_when_idle`, or the oversubscription flag its launcher sets).
+    /// Work that a helper thread would overlap then runs blocking where the caller lets it
+    /// choose: the helper would take the core another rank's compute needs. Not collective;
+    /// ranks on different hosts may differ. `false` unless a backend knows better.
+    fn ranks_share_cores(&self) -> bool {
+        false
+    }
     /// Traffic counters of this group on this rank (including subgroups split from it).
     fn traffic(&self) -> Traffic;
 

@@ -56,3 +56,8 @@ pub use precision::{Precision, average_compressed, round_to};
 pub use signature::{CallSignature, CollectiveKind, ReduceOp};
 pub use thread::{ThreadGroup, ThreadWorld, WorkerPanicked};
 pub use traffic::Traffic;
+
+/// Largest piece of one all-reduce of the MPI backend, bytes: it runs every all-reduce as
+/// pieces of at most this size, one after the other (`mpi` module, feature `mpi`). Public for
+/// cost models (`localsgd plan` charges each further piece one small collective).
+pub const MPI_PIECE_BYTES: usize = 256 * 1024;

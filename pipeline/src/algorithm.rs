@@ -253,7 +253,7 @@ pub fn build(spec: &AlgorithmSpec, world: &Group) -> Result<AlgorithmParts, Pipe
         PipelineBuckets::On => true,
         PipelineBuckets::Off => false,
         // Local SGD sends no gradients: nothing to decide, no collective.
-        PipelineBuckets::Auto => spec.kind != AlgorithmKind::LocalSgd && spans_hosts(world)?,
+        PipelineBuckets::Auto => spec.kind != AlgorithmKind::LocalSgd && pipelining_pays(world)?,
     };
     let reducer = || GradientReducer::new(spec.caps).pipelined(pipelined);
     let post_local_hook = || -> Result<Box<dyn CommHook>, PipelineError> {
@@ -348,19 +348,45 @@ pub fn build(spec: &AlgorithmSpec, world: &Group) -> Result<AlgorithmParts, Pipe
     })
 }
 
-/// Whether `world`'s ranks run on more than one host (`pipeline-buckets = "auto"`). Collective
-/// except on the thread backend, whose ranks are one process.
-fn spans_hosts(world: &Group) -> Result<bool, PipelineError> {
+/// `pipeline-buckets = "auto"`: whether `world`'s ranks run on more than one host, none of them
+/// on a host with more ranks than cores
+/// ([`ranks_share_cores`](localsgd_comm::ProcessGroup::ranks_share_cores)). Collective (one
+/// all-gather of two words per rank) except on the thread backend, whose ranks are one process.
+///
+/// Where ranks share cores the pipelined sync's helper thread waits for its turn on a core
+/// between the polls that move each piece: the wide MLP's DDP on 2 or 4 namespace hosts with
+/// 4 ranks on 2 cores at 10 Gbit/s took 152.4 and 206.0 ms per iteration pipelined, 85.9 and
+/// 138.5 ms blocking; at 1 Gbit/s 172.1 and 213.3 pipelined, 195.6 and 200.5 blocking; at
+/// 100 Mbit/s on 4 hosts 1395.2 and 1401.4 (one run each, 2026-12-04; the book's Benchmarks
+/// chapter).
+fn pipelining_pays(world: &Group) -> Result<bool, PipelineError> {
     if world.size() < 2 || world.backend() == "threads" {
         return Ok(false);
     }
-    let hosts = world
-        .all_gather_u64(&[world.host_id()])
+    let ranks = world
+        .all_gather_u64(&[world.host_id(), u64::from(world.ranks_share_cores())])
         .map_err(|source| PipelineError::Comm {
             phase: "setup",
             source,
         })?;
-    Ok(hosts.iter().any(|&h| h != hosts[0]))
+    Ok(pipelines(&ranks))
+}
+
+/// [`pipelining_pays`] from every rank's `[host id, shares cores (0 or 1)]`, concatenated: more
+/// than one host, and no rank that shares cores. The same answer on every rank.
+fn pipelines(ranks: &[u64]) -> bool {
+    let mut ranks = ranks.chunks_exact(2);
+    let Some(first) = ranks.next() else {
+        return false;
+    };
+    let mut spans = false;
+    for rank in std::iter::once(first).chain(ranks) {
+        if rank[1] != 0 {
+            return false;
+        }
+        spans |= rank[0] != first[0];
+    }
+    spans
 }
 
 /// Default levels for `compare` when none are configured: pairs... halves every `period` steps,
@@ -372,4 +398,24 @@ pub fn default_levels(workers: usize, period: u64) -> Vec<Level> {
         vec![(period, workers)]
     };
     pairs.into_iter().map(Level::from).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pipelines;
+
+    #[test]
+    fn auto_pipelines_across_hosts_unless_a_rank_shares_cores() {
+        // [host id, shares cores] per rank.
+        assert!(!pipelines(&[]));
+        assert!(!pipelines(&[7, 0]));
+        assert!(!pipelines(&[7, 0, 7, 0]), "one host");
+        assert!(pipelines(&[7, 0, 9, 0]));
+        assert!(pipelines(&[7, 0, 7, 0, 9, 0, 9, 0]));
+        assert!(!pipelines(&[7, 0, 9, 1]), "the last rank shares cores");
+        assert!(
+            !pipelines(&[7, 1, 7, 1, 9, 0, 9, 0]),
+            "one host oversubscribed"
+        );
+    }
 }

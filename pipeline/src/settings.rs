@@ -77,9 +77,11 @@ pub struct OuterSettings {
 #[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "kebab-case")]
 pub enum PipelineBuckets {
-    /// On when the ranks span more than one host, off on one host (threads, or mpi/nccl ranks
-    /// sharing a machine), where a collective is a memory copy with no wire time to hide and
-    /// the helper thread's hand-offs cost more than they hide.
+    /// On when the ranks span more than one host and no rank was told that its host has more
+    /// ranks than cores. Off on one host (threads, or mpi/nccl ranks sharing a machine), where
+    /// a collective is a memory copy with no wire time to hide and the helper thread's
+    /// hand-offs cost more than they hide; off where ranks share cores, where the helper waits
+    /// for a core between the polls that move each piece.
     Auto,
     /// Always pipelined.
     On,

@@ -29,6 +29,14 @@
 //!   get the same formula unchecked. (NCCL's ring over `m` GPUs sends `2(m-1)/m * n` through
 //!   every node's NIC; not modelled apart.) Control
 //!   collectives (a few words) cost their latency only. Groups of one rank cost nothing.
+//!   The MPI backend runs every all-reduce as pieces of at most 256 KiB one after the other,
+//!   each a collective of its own: every piece after the first adds one small collective with
+//!   every rank already inside (`piece_latency_s`, measured by `bench-comm --gap-us`). It
+//!   matters where ranks share cores: with 4 ranks on 2 cores a small collective took
+//!   0.57-0.67 ms, and the wide MLP's 41 pieces per iteration 23-26 ms. Re-planning the
+//!   2026-12-04 runs of the wide MLP with it moved its blocking DDP on 4 hosts at 10 Gbit/s
+//!   from 36.6% below the measured 138.5 ms to 18.1% below, and the same cell with the
+//!   gradient sync left to `auto` in a later run from 32.3% to 15.2% below.
 //!   A token-bucket shaper (`tc ... tbf`, how the benchmarks emulate links) lets up to its
 //!   burst through without waiting once the link has been idle long enough to refill it; a real
 //!   NIC has no such credit (`burst_bytes = 0`). The model refills the bucket whenever the link
@@ -76,6 +84,7 @@
 
 use crate::config::Levels;
 use localsgd_averagers::{Level, validate_levels};
+use localsgd_comm::MPI_PIECE_BYTES;
 use serde::Serialize;
 
 /// TCP (with timestamps) and IPv4 header bytes per segment.
@@ -142,16 +151,37 @@ pub struct Cluster {
     pub intra_bytes_per_second: f64,
     /// Time of one small collective inside a host, seconds.
     pub intra_latency_s: f64,
+    /// Largest piece of one all-reduce, bytes: the MPI backend runs every all-reduce as pieces
+    /// of at most [`MPI_PIECE_BYTES`] one after the other; 0: the whole buffer at once (the
+    /// thread and NCCL backends).
+    pub piece_bytes: f64,
+    /// Time each further piece of an all-reduce across hosts adds: one small collective with
+    /// every rank already inside the all-reduce (`localsgd bench-comm --gap-us`), where
+    /// [`Link::latency_s`] also waits for ranks arriving from their compute. Inside a host a
+    /// piece adds [`intra_latency_s`](Self::intra_latency_s).
+    pub piece_latency_s: f64,
 }
 
 impl Cluster {
-    /// A cluster with the default intra-host figures (5 GB/s, 5 µs).
+    /// A cluster with the default intra-host figures (5 GB/s, 5 µs) and the MPI backend's
+    /// pieces, each adding the link's latency.
     pub fn new(layout: Layout, link: Link) -> Self {
         Self {
             layout,
             link,
             intra_bytes_per_second: 5e9,
             intra_latency_s: 5e-6,
+            piece_bytes: MPI_PIECE_BYTES as f64,
+            piece_latency_s: link.latency_s,
+        }
+    }
+
+    /// Pieces of an all-reduce of `bytes` less the first (see [`piece_bytes`](Self::piece_bytes)).
+    fn further_pieces(&self, bytes: f64) -> f64 {
+        if self.piece_bytes > 0.0 && bytes > self.piece_bytes {
+            (bytes / self.piece_bytes).ceil() - 1.0
+        } else {
+            0.0
         }
     }
 
@@ -181,17 +211,21 @@ impl Cluster {
             return (0.0, 0.0);
         }
         let hosts = self.max_spanned(size);
+        let further = self.further_pieces(bytes);
         if hosts <= 1 {
             let share = 2.0 * (size as f64 - 1.0) / size as f64 * bytes;
             (
-                self.intra_latency_s + share / self.intra_bytes_per_second,
+                (1.0 + further) * self.intra_latency_s + share / self.intra_bytes_per_second,
                 0.0,
             )
         } else {
             // Across hosts only the hosts count (the module documentation: what Open MPI's
             // recursive halving sends); a host's ranks exchange their part over shared memory.
             let share = 2.0 * (hosts as f64 - 1.0) / hosts as f64 * bytes;
-            (self.link.latency_s + share / self.link.goodput(), share)
+            (
+                self.link.latency_s + further * self.piece_latency_s + share / self.link.goodput(),
+                share,
+            )
         }
     }
 
@@ -796,11 +830,13 @@ mod tests {
 
     #[test]
     fn ddp_two_hosts_by_hand() {
-        // 600k parameters = 2.4 MB; a 2-rank ring sends 2 * 1/2 * 2.4 MB over the link.
+        // 600k parameters = 2.4 MB; a 2-rank ring sends 2 * 1/2 * 2.4 MB over the link, in
+        // 10 pieces of at most 256 KiB: 9 more small collectives (50 µs each) after the first.
         let p = predict(&Algorithm::Ddp, &work(600_000, 5e-3), &two_hosts(1)).unwrap();
         let wire = 2.4e6 / (125e6 * 1448.0 / 1514.0);
-        close(p.comm_s, 50e-6 + 50e-6 + wire);
-        close(p.steady_s, 5e-3 + 100e-6 + wire);
+        let pieces = 9.0 * 50e-6;
+        close(p.comm_s, 50e-6 + 50e-6 + pieces + wire);
+        close(p.steady_s, 5e-3 + 100e-6 + pieces + wire);
         close(p.payload_bytes, 2_400_008.0);
         close(p.payload_data_bytes, 2_400_000.0);
         close(p.link_bytes, 2.4e6);
@@ -866,12 +902,12 @@ mod tests {
 
     #[test]
     fn overlap_hides_the_average_behind_the_next_iterations() {
-        // 600k parameters on 2 hosts x 1 rank at 1 Gbit/s: the average (2.4 MB) takes
-        // 50 us + 2.4 MB / goodput ~ 20.1 ms, a control collective 50 us. Period 4, compute
-        // 5 ms.
+        // 600k parameters on 2 hosts x 1 rank at 1 Gbit/s: the average (2.4 MB in 10 pieces)
+        // takes 10 x 50 us + 2.4 MB / goodput ~ 20.6 ms, a control collective 50 us. Period 4,
+        // compute 5 ms.
         let w = work(600_000, 5e-3);
         let wire = 2.4e6 / (125e6 * 1448.0 / 1514.0);
-        let avg = 50e-6 + wire;
+        let avg = 10.0 * 50e-6 + wire;
         let control = 50e-6;
         let periodic = |overlap| Algorithm::Periodic {
             period: 4,
@@ -884,7 +920,7 @@ mod tests {
             blocking.steady_s,
             5e-3 + (4.0 * control + control + avg) / 4.0,
         );
-        // Delay 1 hides one iteration of compute, delay 4 four (20 ms: all but 0.13 ms of the
+        // Delay 1 hides one iteration of compute, delay 4 four (20 ms: all but 0.58 ms of the
         // average); with 6 ms of compute, delay 4 hides all of it.
         let one = predict(&periodic(1), &w, &two_hosts(1)).unwrap();
         close(
@@ -1015,10 +1051,35 @@ mod tests {
         let credit = (262_144.0 * eff).min(idle * 125e6 * eff);
         assert!(credit < 262_144.0 * eff);
         let p = predict(&Algorithm::Ddp, &big, &c).unwrap();
+        // 9 pieces after the first, 50 µs each.
         close(
             p.comm_s,
-            50e-6 + 50e-6 + (2.4e6 - credit) / c.link.goodput() + 2.4e6 / 4e9,
+            50e-6 + 50e-6 + 9.0 * 50e-6 + (2.4e6 - credit) / c.link.goodput() + 2.4e6 / 4e9,
         );
+    }
+
+    #[test]
+    fn every_piece_after_the_first_adds_a_small_collective() {
+        let mut c = two_hosts(2);
+        c.piece_latency_s = 600e-6;
+        let wire = |bytes: f64| bytes / c.link.goodput();
+        // Up to one piece: the latency alone (2 hosts: 2 * 1/2 of the buffer on each link).
+        close(c.allreduce(4, 262_144.0).0, 50e-6 + wire(262_144.0));
+        // One byte more: a second piece.
+        close(
+            c.allreduce(4, 262_145.0).0,
+            50e-6 + 600e-6 + wire(262_145.0),
+        );
+        // The wide MLP's 10.65 MB: 41 pieces, 40 after the first.
+        close(
+            c.allreduce(4, 10_647_600.0).0,
+            50e-6 + 40.0 * 600e-6 + wire(10_647_600.0),
+        );
+        // Inside a host each piece adds the intra-host latency.
+        close(c.allreduce(2, 524_288.0).0, 2.0 * 5e-6 + 524_288.0 / 5e9);
+        // The whole buffer at once (threads, NCCL): one latency.
+        c.piece_bytes = 0.0;
+        close(c.allreduce(4, 10_647_600.0).0, 50e-6 + wire(10_647_600.0));
     }
 
     #[test]

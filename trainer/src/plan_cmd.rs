@@ -55,6 +55,15 @@ pub(crate) struct PlanFlags {
     /// --backend mpi`: its step-and-all-reduce cycle less its mean step).
     #[arg(long, default_value_t = 50.0)]
     latency_us: f64,
+    /// Largest piece of one all-reduce, KiB: the MPI backend runs every all-reduce in pieces of
+    /// at most 256 KiB, one after the other, each piece after the first adding
+    /// --piece-latency-us; 0: the whole buffer at once (threads, NCCL).
+    #[arg(long, default_value_t = (localsgd_comm::MPI_PIECE_BYTES / 1024) as f64)]
+    piece_kib: f64,
+    /// Time each piece after the first adds across hosts, µs: one small collective with every
+    /// rank already inside (`localsgd bench-comm --gap-us`); default: --latency-us.
+    #[arg(long)]
+    piece_latency_us: Option<f64>,
     /// Link MTU in bytes.
     #[arg(long, default_value_t = 1500.0)]
     mtu: f64,
@@ -99,7 +108,8 @@ pub(crate) struct PlanFlags {
     #[arg(long, value_enum, default_value = "none")]
     outer_compression: Compression,
     /// Pipelined gradient sync (true: the binary's `--pipeline-buckets on`, or `auto` with ranks
-    /// on more than one host; false: `off`, or `auto` on one host).
+    /// on more than one host and no rank sharing cores; false: `off`, or `auto` on one host or
+    /// where ranks share cores).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pipeline_buckets: bool,
     /// Target share of communication in a steady iteration, for the recommended period.
@@ -112,6 +122,14 @@ pub(crate) struct PlanFlags {
     /// Also write the predictions as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+}
+
+fn non_negative(name: &str, v: f64) -> Result<f64> {
+    if v.is_finite() && v >= 0.0 {
+        Ok(v)
+    } else {
+        bail!("invalid --{name} {v}: must be a number at least 0")
+    }
 }
 
 fn positive(name: &str, v: f64) -> Result<f64> {
@@ -226,6 +244,11 @@ pub(crate) fn run(flags: &PlanFlags) -> Result<()> {
         },
         intra_bytes_per_second: positive("intra-gbps", flags.intra_gbps)? * 1e9,
         intra_latency_s: flags.intra_latency_us.max(0.0) * 1e-6,
+        piece_bytes: non_negative("piece-kib", flags.piece_kib)? * 1024.0,
+        piece_latency_s: match flags.piece_latency_us {
+            Some(us) => non_negative("piece-latency-us", us)? * 1e-6,
+            None => flags.latency_us.max(0.0) * 1e-6,
+        },
     };
     let work = Workload {
         params,

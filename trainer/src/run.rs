@@ -6,8 +6,8 @@ use crate::checkpoint::{CheckpointDir, CheckpointError, RankCheckpoint, RunIdent
 use crate::classifier::{Classifier, Classify, ModelSpec};
 use crate::cnn::CnnConfig;
 use crate::config::{
-    Backend, DatasetKind, DeviceKind, LrScheduleKind, ModelKind, OptimizerKind, SettingError,
-    TrainConfig,
+    Backend, DatasetKind, DeviceKind, LrScheduleKind, ModelKind, OptimizerKind, PipelineBuckets,
+    SettingError, TrainConfig,
 };
 use crate::data::{self, DataError, Dataset, ShardSampler, TrainTest};
 use crate::fault::{Fault, FaultKind};
@@ -786,6 +786,25 @@ fn build_pipeline(
     ckpt_dir: Option<&CheckpointDir>,
 ) -> Result<Pipeline<Classifier>, RunError> {
     let parts = algorithm::build(spec, group)?;
+    if let Some((_, reducer)) = &parts.sync
+        && spec.pipeline_buckets == PipelineBuckets::Auto
+        && group.backend() != "threads"
+        && group.rank() == 0
+    {
+        println!(
+            "gradient sync: {} (pipeline-buckets auto: {})",
+            if reducer.is_pipelined() {
+                "pipelined"
+            } else {
+                "blocking"
+            },
+            if reducer.is_pipelined() {
+                "ranks on more than one host"
+            } else {
+                "one host, or a rank whose host runs more ranks than cores"
+            }
+        );
+    }
     let options = PipelineOptions {
         lr: cfg.lr,
         skip_non_finite: cfg.skip_non_finite,

@@ -66,7 +66,7 @@ const DEDICATED_POLL: Duration = Duration::from_micros(100);
 /// namespace hosts at 100 Mbit/s took 2091 ms as one `MPI_Allreduce` and 1401 ms in these
 /// pieces (wire time 1336 ms), with the same bytes on the links; post-local SGD period 4,
 /// 574 and 432 ms per iteration (one run each, 2026-12-04; the book's Benchmarks chapter).
-const PIECE_BYTES: usize = 256 * 1024;
+const PIECE_BYTES: usize = crate::MPI_PIECE_BYTES;
 
 impl fmt::Debug for MpiGroup {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -465,7 +465,7 @@ impl ProcessGroup for MpiGroup {
             let members = self.world_ranks.to_vec();
             let mut group = self.child(Comm(new), members, TrafficChain::root())?;
             group.poll = Some(DEDICATED_POLL);
-            group.hurry = !super::tuning::ranks_share_cores();
+            group.hurry = !self.runtime.shares_cores;
             let group: Group = Arc::new(group);
             Ok(group)
         })
@@ -477,6 +477,12 @@ impl ProcessGroup for MpiGroup {
 
     fn host_id(&self) -> u64 {
         self.runtime.host_id
+    }
+
+    /// Open MPI's `mpi_yield_when_idle` or the oversubscription flag `mpirun` sets
+    /// (`OMPI_MCA_mpi_oversubscribe`), either set to a true value, as this rank was started.
+    fn ranks_share_cores(&self) -> bool {
+        self.runtime.shares_cores
     }
 
     fn traffic(&self) -> Traffic {

@@ -188,6 +188,8 @@ pub(crate) struct Runtime {
     serial: Option<Mutex<()>>,
     finalized: AtomicBool,
     host_id: u64,
+    /// [`tuning::ranks_share_cores`], read once at start-up.
+    shares_cores: bool,
 }
 
 impl Runtime {
@@ -308,6 +310,7 @@ impl MpiWorld {
             serial: (!thread_multiple).then(|| Mutex::new(())),
             finalized: AtomicBool::new(false),
             host_id: host_hash(&processor_name),
+            shares_cores: tuning::ranks_share_cores(),
         });
         let world_size = ffi::comm_size(world)?;
         if config.preconnect {

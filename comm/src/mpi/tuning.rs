@@ -121,8 +121,10 @@ fn set_unless_chosen() -> IallreduceAlgorithm {
 /// `mpi_yield_when_idle` says), either to anything but `0`, `false` or `no`.
 ///
 /// Where it holds, the pipelined gradient sync keeps its helper sleeping between polls even
-/// while the compute thread waits: with 4 ranks on 2 cores a polling helper slowed the wide
-/// MLP's DDP at 1 Gbit/s by 8-24% (two consecutive A/B runs).
+/// while the compute thread waits (with 4 ranks on 2 cores a polling helper slowed the wide
+/// MLP's DDP at 1 Gbit/s by 8-24%, two consecutive A/B runs), and `pipeline-buckets = "auto"`
+/// does not pipeline at all
+/// ([`ProcessGroup::ranks_share_cores`](crate::ProcessGroup::ranks_share_cores)).
 pub(crate) fn ranks_share_cores() -> bool {
     let var = |name| std::env::var(name).ok();
     shares_cores(

@@ -638,6 +638,18 @@ fn plan_and_bench_step_name_bad_values() {
     ]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("`levels`"));
+    for (flag, value) in [("--piece-kib", "-1"), ("--piece-latency-us", "inf")] {
+        let arg = format!("{flag}={value}");
+        let out = localsgd(&["plan", "--compute-ms", "1", &arg]);
+        assert_eq!(out.status.code(), Some(2));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!(
+                "invalid {flag} {value}: must be a number at least 0"
+            )),
+            "{err}"
+        );
+    }
     let out = localsgd(&["bench-step", "--iters", "0"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--iters 0"));

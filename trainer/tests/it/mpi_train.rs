@@ -344,10 +344,19 @@ fn trains_across_two_hosts_in_network_namespaces() {
         let _ = std::fs::remove_dir_all(dir.path());
         std::fs::create_dir_all(dir.path()).unwrap();
         let mut a = args(dir.path(), 300);
+        // `on`: the warmup's pipelined gradient sync runs across the hosts even where `auto`
+        // would block (4 ranks on fewer than 4 cores).
         a.extend(
-            ["--backend", "mpi", "--post-local-allreduce", "true"]
-                .iter()
-                .map(|s| s.to_string()),
+            [
+                "--backend",
+                "mpi",
+                "--post-local-allreduce",
+                "true",
+                "--pipeline-buckets",
+                "on",
+            ]
+            .iter()
+            .map(|s| s.to_string()),
         );
         a
     });
