@@ -6,9 +6,8 @@
 //!   every collective, subgroups (blocks, colors, intra-node), traffic counters, the TCP links
 //!   asked of Open MPI (default 2), (with signature checks, the default) mismatch detection, and
 //!   (with start-up's connection set-up, the default) that no TCP connection opened after
-//!   start-up. Prints
-//!   `PASS ...` lines, `FAIL ...` lines for failures, and finally `ALL PASS` (rank 0) or exits
-//!   with code 1.
+//!   start-up. Prints `PASS ...` lines, `FAIL ...` lines for failures, and finally `ALL PASS`
+//!   (rank 0) or exits with code 1.
 //! - `kill-rank R`: rank R kills itself with SIGKILL after one all-reduce; the others keep
 //!   all-reducing (the job must end, non-zero).
 //! - `hang-rank R --timeout SECS`: rank R never joins the next all-reduce (it sleeps); the

@@ -162,7 +162,8 @@ pub(crate) fn connect_all(
             .collect();
         let mut empty = [0u8; 1];
         for pair in requests.chunks_exact_mut(2) {
-            // SAFETY: zero-element messages; `empty` outlives the requests (waited below).
+            // SAFETY: zero-element messages, so MPI never reads or writes `empty` (requests an
+            // error leaves behind touch no memory); it outlives the requests waited below.
             let rc = unsafe {
                 ffi::MPI_Irecv(
                     empty.as_mut_ptr() as *mut c_void,
