@@ -660,6 +660,44 @@ fn plan_and_bench_step_name_bad_values() {
     );
 }
 
+/// `bench-step --restart-every N` goes back to the initial weights, a fresh optimizer and the
+/// first batch every N iterations: the step after a restart computes the loss the very first
+/// step computes, and without the restart the same step computes another.
+#[test]
+fn bench_step_restart_every_starts_training_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let last_loss = |name: &str, extra: &[&str]| {
+        let json = dir.path().join(name);
+        let mut args = vec!["bench-step", "--json", json.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        ok(&localsgd(&args));
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        (
+            v["last_loss"].as_f64().unwrap(),
+            v["restart_every"].as_u64().unwrap(),
+        )
+    };
+    let (first, _) = last_loss("first.json", &["--iters", "1", "--warmup-iters", "0"]);
+    // Iterations 0..8 with a restart every 7: iteration 7 is a run's step 0 again.
+    let (restarted, every) = last_loss(
+        "restarted.json",
+        &[
+            "--iters",
+            "6",
+            "--warmup-iters",
+            "2",
+            "--restart-every",
+            "7",
+        ],
+    );
+    let (trained, _) = last_loss("trained.json", &["--iters", "6", "--warmup-iters", "2"]);
+    assert_eq!(every, 7);
+    assert!(first.is_finite() && first > 0.0, "{first}");
+    assert_eq!(restarted, first);
+    assert_ne!(trained, first);
+}
+
 #[test]
 fn bench_comm_takes_a_gap_and_refuses_one_over_a_second() {
     let out = localsgd(&["bench-comm", "--gap-us", "1000001"]);
