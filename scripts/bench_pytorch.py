@@ -148,6 +148,9 @@ def parse_args(argv):
                         "(eval_curve; excluded from the loop clock); 0: off")
     p.add_argument("--threads", type=int, default=0,
                    help="intra-op threads per process (0: max(1, cores // workers))")
+    p.add_argument("--pin-cores", action="store_true",
+                   help="pin rank r to CPU core r %% (usable cores) before it starts (what scripts/bench-matrix "
+                        "does to its ranks by default: the scheduler otherwise moves ranks between cores)")
     p.add_argument("--init-weights", default=None, help="safetensors file (fc1.weight, fc1.bias, ...) to start from")
     p.add_argument("--save-init", default=None,
                    help="write the initial model (torch.manual_seed(seed) init) as safetensors to this file and exit")
@@ -426,6 +429,9 @@ def steady_range(warmup, steps):
 
 
 def init_group(rank, args, addr, port, threads):
+    if args.pin_cores:
+        usable = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {usable[rank % len(usable)]})
     os.environ["MASTER_ADDR"] = addr
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(threads)
