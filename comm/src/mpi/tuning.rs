@@ -19,10 +19,13 @@
 //! Other MPI libraries have no such variable and are left as they are.
 
 use mpi::ffi;
-use std::ffi::{CString, c_int, c_void};
+use std::ffi::{CStr, c_int, c_void};
 
 /// The Open MPI control variable that picks libnbc's `MPI_Iallreduce` algorithm.
 pub const IALLREDUCE_ALGORITHM_VAR: &str = "coll_libnbc_iallreduce_algorithm";
+
+/// [`IALLREDUCE_ALGORITHM_VAR`] as the C string `MPI_T_cvar_get_index` takes.
+const IALLREDUCE_ALGORITHM_CVAR: &CStr = c"coll_libnbc_iallreduce_algorithm";
 
 /// Its value for Rabenseifner's algorithm (0 lets libnbc choose, 1 ring, 2 binomial,
 /// 4 recursive doubling).
@@ -63,12 +66,9 @@ fn set_unless_chosen() -> IallreduceAlgorithm {
             "{what} for {IALLREDUCE_ALGORITHM_VAR} returned {rc}"
         ))
     };
-    let Ok(name) = CString::new(IALLREDUCE_ALGORITHM_VAR) else {
-        return IallreduceAlgorithm::Untouched("bad variable name".into());
-    };
     let mut index: c_int = 0;
     // SAFETY: NUL-terminated name, valid out-pointer.
-    let rc = unsafe { ffi::MPI_T_cvar_get_index(name.as_ptr(), &mut index) };
+    let rc = unsafe { ffi::MPI_T_cvar_get_index(IALLREDUCE_ALGORITHM_CVAR.as_ptr(), &mut index) };
     if rc != ffi::MPI_SUCCESS as c_int {
         // MPICH and others: no such variable.
         return untouched("MPI_T_cvar_get_index", rc);
@@ -149,7 +149,15 @@ fn is_set(value: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{is_set, shares_cores};
+    use super::{IALLREDUCE_ALGORITHM_CVAR, IALLREDUCE_ALGORITHM_VAR, is_set, shares_cores};
+
+    #[test]
+    fn the_c_name_is_the_documented_name() {
+        assert_eq!(
+            IALLREDUCE_ALGORITHM_CVAR.to_str(),
+            Ok(IALLREDUCE_ALGORITHM_VAR)
+        );
+    }
 
     #[test]
     fn open_mpi_booleans_read_as_open_mpi_reads_them() {
