@@ -9,6 +9,7 @@ use localsgd_trainer::config::{Compression, Levels};
 use localsgd_trainer::model::MlpConfig;
 use localsgd_trainer::plan::{
     Algorithm, Cluster, Layout, Link, Prediction, Schedule, Workload, predict, recommend_period,
+    run_seconds,
 };
 use std::path::PathBuf;
 
@@ -116,7 +117,9 @@ pub(crate) struct PlanFlags {
     #[arg(long, default_value_t = 0.1)]
     target_comm_share: f64,
     /// Iterations of a run: the JSON then lists rank 0's payload bytes of each of them
-    /// (`[bytes, data_bytes]`, as `metrics.csv` counts them) and the predicted run time.
+    /// (`[bytes, data_bytes]`, as `metrics.csv` counts them), each one's predicted seconds
+    /// (`iteration_seconds`: a run that starts with the links' token buckets full, as over a
+    /// freshly shaped link; see `--burst-bytes`) and their sum, the predicted run time.
     #[arg(long)]
     steps: Option<u64>,
     /// Also write the predictions as JSON to this file.
@@ -192,7 +195,7 @@ pub(crate) fn default_levels(layout: Layout, period: u64) -> Vec<Level> {
     pairs.into_iter().map(Level::from).collect()
 }
 
-/// The most iterations `--steps` lists (20 bytes of JSON each).
+/// The most iterations `--steps` lists (about 40 bytes of JSON each).
 const MAX_LISTED_STEPS: u64 = 1_000_000;
 
 pub(crate) fn run(flags: &PlanFlags) -> Result<()> {
@@ -346,8 +349,9 @@ pub(crate) fn run(flags: &PlanFlags) -> Result<()> {
                             (warm * p.warmup_link_bytes + (steps as f64 - warm) * p.link_bytes)
                                 / steps.max(1) as f64
                         );
-                        v["run_seconds"] =
-                            serde_json::json!(warm * p.warmup_s + (steps as f64 - warm) * p.steady_s);
+                        let seconds = run_seconds(a, &work, &cluster, steps)?;
+                        v["run_seconds"] = serde_json::json!(seconds.iter().sum::<f64>());
+                        v["iteration_seconds"] = serde_json::json!(seconds);
                     }
                     Ok(v)
                 })

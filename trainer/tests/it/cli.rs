@@ -610,6 +610,60 @@ fn plan_payload_matches_the_metrics_of_a_real_run_exactly() {
 }
 
 #[test]
+fn plan_lists_each_iteration_of_a_run_over_a_fresh_shaper() {
+    // The unit test `a_run_spends_the_full_bucket_first` through the command: 7500 parameters
+    // (30 kB) over 2 hosts at 100 Mbit/s, 0.3 ms of compute, 1 ms latency, a 100 kB burst.
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("plan.json");
+    ok(&localsgd(&[
+        "plan",
+        "--params",
+        "7500",
+        "--compute-ms",
+        "0.3",
+        "--overhead-ms",
+        "0",
+        "--hosts",
+        "2",
+        "--ranks-per-host",
+        "1",
+        "--link-gbit",
+        "0.1",
+        "--latency-us",
+        "1000",
+        "--piece-latency-us",
+        "1000",
+        "--burst-bytes",
+        "100000",
+        "--pipeline-buckets",
+        "false",
+        "--algorithms",
+        "ddp",
+        "--steps",
+        "40",
+        "--json",
+        json.to_str().unwrap(),
+    ]));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let p = &v["predictions"][0];
+    let seconds: Vec<f64> = serde_json::from_value(p["iteration_seconds"].clone()).unwrap();
+    assert_eq!(seconds.len(), 40);
+    let total: f64 = seconds.iter().sum();
+    assert!((p["run_seconds"].as_f64().unwrap() - total).abs() < 1e-12);
+    // Iterations 0 ..= 26 leave nothing on the wire; from 28 on, the steady state.
+    assert!((seconds[0] - 2.3e-3).abs() < 1e-9, "{}", seconds[0]);
+    assert!((seconds[26] - 2.3e-3).abs() < 1e-9, "{}", seconds[26]);
+    let steady = p["prediction"]["steady_s"].as_f64().unwrap();
+    assert!((steady - 2.509e-3).abs() < 0.001e-3, "{steady}");
+    assert!(
+        (seconds[39] - steady).abs() < 1e-12,
+        "{} {steady}",
+        seconds[39]
+    );
+}
+
+#[test]
 fn plan_and_bench_step_name_bad_values() {
     let out = localsgd(&["plan", "--compute-ms", "-1"]);
     assert_eq!(out.status.code(), Some(2));
