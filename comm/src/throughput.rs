@@ -61,6 +61,15 @@ pub fn allreduce_time(
     allreduce_time_between(group, buf, iters, Duration::ZERO)
 }
 
+/// Keep this thread's core busy for `gap` (a stand-in for compute, or for a rank polling in a
+/// collective), then return.
+pub fn spin(gap: Duration) {
+    let start = Instant::now();
+    while start.elapsed() < gap {
+        std::hint::spin_loop();
+    }
+}
+
 /// Collective: like [`allreduce_time`], but before each all-reduce every rank spins for `gap`
 /// (a stand-in for an iteration's compute: the core stays busy, as it would computing), and
 /// only the all-reduces are timed.
@@ -73,10 +82,7 @@ pub fn allreduce_time_between(
     group.barrier()?;
     let mut inside = Duration::ZERO;
     for _ in 0..iters {
-        let spin = Instant::now();
-        while spin.elapsed() < gap {
-            std::hint::spin_loop();
-        }
+        spin(gap);
         let start = Instant::now();
         group.all_reduce_slice(buf, ReduceOp::Sum)?;
         inside += start.elapsed();

@@ -23,6 +23,11 @@
 //! two network namespaces of a 2-core machine, a 4.8k-parameter MLP's step read 0.147-0.149 ms
 //! this way, and training runs' own compute phases 0.12-0.18 ms in the same runs (0.20-0.25 ms
 //! before gradients from a flat buffer stopped carrying autodiff).
+//!
+//! Steps back to back are the best case. `--gap-us` spins before each step, off the clock, as a
+//! rank waits in its collectives between steps: on a 2-vCPU VM, with no network involved, the
+//! Fashion-MNIST MLP's step read 0.91 ms back to back, 0.99 ms after 2 ms of spinning and
+//! 1.81 ms after 20 ms (the book's Benchmarks chapter, "A step after a wait").
 
 use anyhow::{Context, Result, bail};
 use burn::optim::GradientsParams;
@@ -36,6 +41,9 @@ use localsgd_trainer::run;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
+
+/// Largest `--gap-us`: one second.
+const MAX_GAP_US: u64 = 1_000_000;
 
 /// Flags of `localsgd bench-step`.
 #[derive(Debug, Clone, clap::Args)]
@@ -53,6 +61,12 @@ pub(crate) struct BenchStepFlags {
     /// Fashion-MNIST MLP's step read 0.88 ms over 200 iterations and 1.98 ms over 3,000.
     #[arg(long, default_value_t = 0)]
     restart_every: usize,
+    /// Spin this many microseconds before each step, off the clock, as a rank waits in its
+    /// collectives between two steps (0: none; at most 1,000,000). A step that follows a wait
+    /// can be slower than one that follows another step: on a 2-vCPU VM the Fashion-MNIST
+    /// MLP's step read 0.91 ms back to back and 1.81 ms after 20 ms of spinning.
+    #[arg(long, default_value_t = 0)]
+    gap_us: u64,
     /// Also write the result as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -78,6 +92,12 @@ struct Measured {
 pub(crate) fn run(flags: &BenchStepFlags) -> Result<()> {
     if flags.iters == 0 {
         bail!("invalid --iters 0: at least 1 timed iteration");
+    }
+    if flags.gap_us > MAX_GAP_US {
+        bail!(
+            "invalid --gap-us {}: give 0 (no wait) up to {MAX_GAP_US} microseconds",
+            flags.gap_us
+        );
     }
     let cfg = crate::launch::resolve(&flags.config)?;
     match cfg.backend {
@@ -151,6 +171,7 @@ fn measure(flags: &BenchStepFlags, cfg: &TrainConfig, peers: Option<&Group>) -> 
     let mut cycles = Vec::with_capacity(flags.iters);
     let mut copies = Vec::with_capacity(flags.iters);
     let mut last_loss = f32::NAN;
+    let gap = std::time::Duration::from_micros(flags.gap_us);
     for it in 0..flags.warmup_iters + flags.iters {
         // The iteration's step in its run: with `--restart-every`, runs of that many steps
         // one after the other, each from the start (outside the clock).
@@ -169,6 +190,7 @@ fn measure(flags: &BenchStepFlags, cfg: &TrainConfig, peers: Option<&Group>) -> 
             .map(|k| (b * cfg.batch_size + k) % n)
             .collect();
         let batch = &data.train.batch_tensors(&idx, &device)?;
+        localsgd_comm::throughput::spin(gap);
         let started = Instant::now();
         let l = run::loss(&model, batch);
         let value = l.clone().into_scalar::<f32>();
@@ -250,8 +272,12 @@ fn report(flags: &BenchStepFlags, cfg: &TrainConfig, m: &Measured) -> Result<()>
         0 => String::new(),
         every => format!(" (runs of {every} steps from the start)"),
     };
+    let gap = match flags.gap_us {
+        0 => String::new(),
+        us => format!(" (each after {us} µs of spinning)"),
+    };
     println!(
-        "bare burn step: {params} parameters, batch {}: median {median:.3} ms, mean {mean:.3} ms over {} iterations{runs}{among}; gradient flatten + one-rank mean + write-back {copy_ms:.3} ms ({copy_gbps:.2} GB/s of gradients, `plan --copy-gbps`)",
+        "bare burn step: {params} parameters, batch {}: median {median:.3} ms, mean {mean:.3} ms over {} iterations{runs}{gap}{among}; gradient flatten + one-rank mean + write-back {copy_ms:.3} ms ({copy_gbps:.2} GB/s of gradients, `plan --copy-gbps`)",
         cfg.batch_size, flags.iters
     );
     if let Some(path) = &flags.json {
@@ -261,6 +287,7 @@ fn report(flags: &BenchStepFlags, cfg: &TrainConfig, m: &Measured) -> Result<()>
             "hidden": cfg.hidden,
             "iters": flags.iters,
             "restart_every": flags.restart_every,
+            "gap_us": flags.gap_us,
             "median_ms": median,
             "mean_ms": mean,
             "cycle_mean_ms": cycle_mean,

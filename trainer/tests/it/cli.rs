@@ -752,6 +752,44 @@ fn bench_step_restart_every_starts_training_again() {
     assert_ne!(trained, first);
 }
 
+/// `bench-step --gap-us` spins before each step, off the clock: the command takes at least
+/// the gaps, and the steps it reports exclude them.
+#[test]
+fn bench_step_spins_before_each_step_off_the_clock() {
+    let out = localsgd(&["bench-step", "--gap-us", "1000001"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("invalid --gap-us 1000001: give 0 (no wait) up to 1000000"),
+        "{err}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("gap.json");
+    let started = std::time::Instant::now();
+    let stdout = ok(&localsgd(&[
+        "bench-step",
+        "--iters",
+        "5",
+        "--warmup-iters",
+        "1",
+        "--gap-us",
+        "30000",
+        "--json",
+        json.to_str().unwrap(),
+    ]));
+    // 6 steps, each after 30 ms of spinning.
+    assert!(started.elapsed() >= std::time::Duration::from_millis(180));
+    assert!(
+        stdout.contains("each after 30000 µs of spinning"),
+        "{stdout}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["gap_us"], 30000);
+    let mean = v["mean_ms"].as_f64().unwrap();
+    assert!(mean > 0.0 && mean < 30.0, "{mean}");
+}
+
 #[test]
 fn bench_comm_takes_a_gap_and_refuses_one_over_a_second() {
     let out = localsgd(&["bench-comm", "--gap-us", "1000001"]);
