@@ -1,15 +1,16 @@
 //! `localsgd plan` (part of the binary): the cost model of [`localsgd_trainer::plan`] as a
 //! command. From the model size, a measured compute time per iteration (`localsgd bench-step`),
 //! the layout and the links it prints predicted milliseconds and bytes per iteration for each
-//! algorithm and recommends an averaging period for a target communication share.
+//! algorithm and recommends an averaging period for a target communication share, and, with
+//! several ranks on each of several hosts, two hierarchical levels for it.
 
 use anyhow::{Context, Result, bail};
 use localsgd_averagers::Level;
 use localsgd_trainer::config::{Compression, Levels};
 use localsgd_trainer::model::MlpConfig;
 use localsgd_trainer::plan::{
-    Algorithm, Cluster, Layout, Link, Prediction, Schedule, Workload, predict, recommend_period,
-    run_seconds,
+    Algorithm, Cluster, Layout, Link, Prediction, Schedule, Workload, predict, recommend_levels,
+    recommend_period, run_seconds,
 };
 use std::path::PathBuf;
 
@@ -280,6 +281,8 @@ pub(crate) fn run(flags: &PlanFlags) -> Result<()> {
         rows.push((a, p));
     }
     let recommended = recommend_period(&work, &cluster, flags.target_comm_share, 4096)?;
+    let recommended_levels = recommend_levels(&work, &cluster, flags.target_comm_share, 4096)?
+        .map(|levels| Levels::from(levels).to_string());
 
     println!(
         "plan: {params} parameters ({:.2} MB f32), compute {:.3} ms/iteration, {} host(s) x {} rank(s), link {} Gbit/s (goodput {:.1} MB/s), small collective {} µs",
@@ -330,6 +333,18 @@ pub(crate) fn run(flags: &PlanFlags) -> Result<()> {
             100.0 * flags.target_comm_share
         ),
     }
+    if layout.hosts > 1 && layout.ranks_per_host > 1 {
+        match &recommended_levels {
+            Some(levels) => println!(
+                "recommended: hierarchical --levels {levels} (a host's ranks, then the world) keeps communication at or below {:.0}%",
+                100.0 * flags.target_comm_share
+            ),
+            None => println!(
+                "recommended: no hierarchical levels (a power-of-two host period, a world period up to 4096) get communication below {:.0}%",
+                100.0 * flags.target_comm_share
+            ),
+        }
+    }
     if let Some(path) = &flags.json {
         let out = serde_json::json!({
             "params": params,
@@ -357,6 +372,7 @@ pub(crate) fn run(flags: &PlanFlags) -> Result<()> {
                 })
                 .collect::<Result<Vec<_>>>()?,
             "recommended_period": recommended,
+            "recommended_levels": recommended_levels,
             "target_comm_share": flags.target_comm_share,
         });
         localsgd_trainer::atomic::write_atomic(path, format!("{out:#}\n"))

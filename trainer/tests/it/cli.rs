@@ -661,6 +661,67 @@ fn plan_lists_each_iteration_of_a_run_over_a_fresh_shaper() {
         "{} {steady}",
         seconds[39]
     );
+    // One rank per host: no host level to recommend.
+    assert!(v["recommended_levels"].is_null(), "{v}");
+}
+
+/// With several ranks on several hosts, `plan` recommends hierarchical levels, and planning
+/// them gives a communication share within the target.
+#[test]
+fn plan_recommends_levels_that_meet_the_target() {
+    let dir = tempfile::tempdir().unwrap();
+    let common = [
+        "plan",
+        "--params",
+        "235146",
+        "--compute-ms",
+        "0.9",
+        "--hosts",
+        "4",
+        "--ranks-per-host",
+        "2",
+        "--link-gbit",
+        "1",
+        "--latency-us",
+        "40",
+        "--target-comm-share",
+        "0.2",
+    ];
+    let first = dir.path().join("first.json");
+    let mut args = common.to_vec();
+    args.extend(["--json", first.to_str().unwrap()]);
+    let stdout = ok(&localsgd(&args));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&first).unwrap()).unwrap();
+    let levels = v["recommended_levels"].as_str().unwrap().to_string();
+    assert!(
+        stdout.contains(&format!("recommended: hierarchical --levels {levels} ")),
+        "{stdout}"
+    );
+    // Two levels: a host's 2 ranks, then all 8.
+    let parts: Vec<&str> = levels.split(',').collect();
+    assert_eq!(parts.len(), 2, "{levels}");
+    assert!(
+        parts[0].ends_with(":2") && parts[1].ends_with(":8"),
+        "{levels}"
+    );
+    let again = dir.path().join("again.json");
+    let mut args = common.to_vec();
+    args.extend([
+        "--algorithms",
+        "hierarchical",
+        "--levels",
+        &levels,
+        "--json",
+        again.to_str().unwrap(),
+    ]);
+    ok(&localsgd(&args));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&again).unwrap()).unwrap();
+    let share = v["predictions"][0]["prediction"]["comm_share"]
+        .as_f64()
+        .unwrap();
+    assert!(share <= 0.2, "{share}");
 }
 
 #[test]
