@@ -1266,12 +1266,8 @@ mod tests {
         close(c.allreduce(4, 10_647_600.0).0, 50e-6 + wire(10_647_600.0));
     }
 
-    #[test]
-    fn the_bucket_refills_during_latency() {
-        // 7500 parameters = 30 KB over 2 hosts x 1 rank at 100 Mbit/s, 0.3 ms of compute, a
-        // 1 ms latency (ranks waiting for one the scheduler has not run): the link is idle
-        // for the compute, the has-data all-gather and the all-reduce's own latency, 2.3 ms,
-        // which refills 2.3 ms x 12.5 MB/s x 1448/1514 = 27.5 KB of the 256 KiB burst.
+    /// 2 hosts x 1 rank at 100 Mbit/s with a 1 ms latency and a shaper's `burst` bytes.
+    fn two_hosts_at_100_mbit(burst: f64) -> Cluster {
         let mut c = Cluster::new(
             Layout {
                 hosts: 2,
@@ -1279,7 +1275,17 @@ mod tests {
             },
             Link::gbit(0.1, 1e-3),
         );
-        c.link.burst_bytes = 262_144.0;
+        c.link.burst_bytes = burst;
+        c
+    }
+
+    #[test]
+    fn the_bucket_refills_during_latency() {
+        // 7500 parameters = 30 KB over 2 hosts x 1 rank at 100 Mbit/s, 0.3 ms of compute, a
+        // 1 ms latency (ranks waiting for one the scheduler has not run): the link is idle
+        // for the compute, the has-data all-gather and the all-reduce's own latency, 2.3 ms,
+        // which refills 2.3 ms x 12.5 MB/s x 1448/1514 = 27.5 KB of the 256 KiB burst.
+        let c = two_hosts_at_100_mbit(262_144.0);
         let p = predict(&Algorithm::Ddp, &work(7500, 0.3e-3), &c).unwrap();
         let eff: f64 = 1448.0 / 1514.0;
         let credit = 2.3e-3 * 12.5e6 * eff;
@@ -1299,14 +1305,7 @@ mod tests {
         // bucket full at the start loses 2.50 kB per iteration and covers the whole all-reduce
         // while it holds 30 kB: iterations 0 ..= 26 ((95.64 - 30) / 2.50 = 26.2), part of
         // iteration 27 (28.05 kB), and from iteration 28 on the refill alone (the steady state).
-        let mut c = Cluster::new(
-            Layout {
-                hosts: 2,
-                ranks_per_host: 1,
-            },
-            Link::gbit(0.1, 1e-3),
-        );
-        c.link.burst_bytes = 100_000.0;
+        let mut c = two_hosts_at_100_mbit(100_000.0);
         let w = work(7500, 0.3e-3);
         let eff: f64 = 1448.0 / 1514.0;
         let goodput = 12.5e6 * eff;
