@@ -679,7 +679,7 @@ pub fn predict(
 /// links' token buckets full at the start (see [`Link::burst_bytes`]): what a run of `steps`
 /// iterations over a freshly shaped link measures iteration by iteration. Over a long run its
 /// iterations approach [`Prediction::steady_s`] once the burst is spent; over a short one they
-/// can be faster, as the shaper lets the first burst through at once.
+/// can be faster, as the shaper lets the first burst through at once. (One `f64` per step.)
 pub fn run_seconds(
     algorithm: &Algorithm,
     work: &Workload,
@@ -865,6 +865,19 @@ impl<'a> Model<'a> {
     }
 }
 
+/// A target communication share must be a fraction strictly between 0 and 1.
+fn check_target(target: f64) -> Result<(), PlanError> {
+    if target > 0.0 && target < 1.0 {
+        Ok(())
+    } else {
+        Err(invalid(
+            "target-comm-share",
+            target,
+            "a fraction strictly between 0 and 1",
+        ))
+    }
+}
+
 /// The smallest averaging period up to `max_period` whose steady communication share is at
 /// most `target` (periodic averaging over the world, found by bisection, as the share falls
 /// with the period), or `None` when even `max_period` does not reach it (the per-iteration
@@ -875,13 +888,7 @@ pub fn recommend_period(
     target: f64,
     max_period: u64,
 ) -> Result<Option<u64>, PlanError> {
-    if !(target > 0.0 && target < 1.0) {
-        return Err(invalid(
-            "target-comm-share",
-            target,
-            "a fraction strictly between 0 and 1",
-        ));
-    }
+    check_target(target)?;
     let share = |period: u64| -> Result<f64, PlanError> {
         Ok(predict(
             &Algorithm::Periodic {
@@ -912,23 +919,17 @@ pub fn recommend_period(
 
 /// Two hierarchical levels whose steady communication share is at most `target`: the ranks of
 /// each host every `host_period` (a power of two) and the world every `world_period` (a
-/// multiple of it, up to `max_period`), with the world level as frequent as the target allows and, for that, the
-/// host level as frequent as it allows: the world average is the one that keeps all ranks'
-/// models together, the host average the cheap one in between. `None` where there is no host
-/// level (one host, or one rank per host) or no pair reaches the target.
+/// multiple of it, up to `max_period`), with the world level as frequent as the target allows
+/// and, for that, the host level as frequent as it allows: the world average is the one that
+/// keeps all ranks' models together, the host average the cheap one in between. `None` where
+/// there is no host level (one host, or one rank per host) or no pair reaches the target.
 pub fn recommend_levels(
     work: &Workload,
     cluster: &Cluster,
     target: f64,
     max_period: u64,
 ) -> Result<Option<Vec<Level>>, PlanError> {
-    if !(target > 0.0 && target < 1.0) {
-        return Err(invalid(
-            "target-comm-share",
-            target,
-            "a fraction strictly between 0 and 1",
-        ));
-    }
+    check_target(target)?;
     let layout = cluster.layout;
     if layout.hosts < 2 || layout.ranks_per_host < 2 {
         return Ok(None);
