@@ -17,6 +17,14 @@ use std::time::Duration;
 /// Largest `--gap-us`: one second.
 const MAX_GAP_US: u64 = 1_000_000;
 
+/// The `--gap-us` rule of `bench-comm` and `bench-step`: 0 (none) up to [`MAX_GAP_US`].
+pub(crate) fn check_gap_us(gap_us: u64) -> Result<()> {
+    if gap_us > MAX_GAP_US {
+        bail!("invalid --gap-us {gap_us}: give 0 (none) up to {MAX_GAP_US} microseconds");
+    }
+    Ok(())
+}
+
 /// Flags of `localsgd bench-comm`.
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct BenchCommFlags {
@@ -98,12 +106,7 @@ pub(crate) fn run(flags: &BenchCommFlags) -> Result<()> {
     if flags.reps == 0 {
         bail!("invalid --reps 0: at least 1 repetition");
     }
-    if flags.gap_us > MAX_GAP_US {
-        bail!(
-            "invalid --gap-us {}: give 0 (back to back) up to {MAX_GAP_US} microseconds",
-            flags.gap_us
-        );
-    }
+    check_gap_us(flags.gap_us)?;
     crate::launch::check_backend_built(flags.backend)?;
     let rows = match flags.backend {
         Backend::Threads => threads(flags)?,

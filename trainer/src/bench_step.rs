@@ -42,9 +42,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Largest `--gap-us`: one second.
-const MAX_GAP_US: u64 = 1_000_000;
-
 /// Flags of `localsgd bench-step`.
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct BenchStepFlags {
@@ -93,12 +90,7 @@ pub(crate) fn run(flags: &BenchStepFlags) -> Result<()> {
     if flags.iters == 0 {
         bail!("invalid --iters 0: at least 1 timed iteration");
     }
-    if flags.gap_us > MAX_GAP_US {
-        bail!(
-            "invalid --gap-us {}: give 0 (no wait) up to {MAX_GAP_US} microseconds",
-            flags.gap_us
-        );
-    }
+    crate::bench_comm::check_gap_us(flags.gap_us)?;
     let cfg = crate::launch::resolve(&flags.config)?;
     match cfg.backend {
         Backend::Threads => report(flags, &cfg, &measure(flags, &cfg, None)?),

@@ -145,6 +145,12 @@ impl Layout {
     pub fn world(&self) -> usize {
         self.hosts * self.ranks_per_host
     }
+
+    /// Whether a level of the ranks of each host lies between one rank and the world: several
+    /// hosts with several ranks each.
+    pub fn has_host_level(&self) -> bool {
+        self.hosts > 1 && self.ranks_per_host > 1
+    }
 }
 
 /// The machines: a layout, the link of every host, and what ranks on one host share.
@@ -931,7 +937,7 @@ pub fn recommend_levels(
 ) -> Result<Option<Vec<Level>>, PlanError> {
     check_target(target)?;
     let layout = cluster.layout;
-    if layout.hosts < 2 || layout.ranks_per_host < 2 {
+    if !layout.has_host_level() {
         return Ok(None);
     }
     let levels = |host: u64, world: u64| {

@@ -186,7 +186,7 @@ fn algorithm(name: &str, flags: &PlanFlags, layout: Layout) -> Result<Algorithm>
 /// otherwise the world every `period`. (`scripts/bench-matrix` uses the same rule.)
 pub(crate) fn default_levels(layout: Layout, period: u64) -> Vec<Level> {
     let w = layout.world();
-    let pairs = if layout.ranks_per_host > 1 && layout.hosts > 1 {
+    let pairs = if layout.has_host_level() {
         vec![(period, layout.ranks_per_host), (4 * period, w)]
     } else if layout.ranks_per_host == 1 && layout.hosts > 2 && w.is_multiple_of(2) {
         vec![(period, 2), (4 * period, w)]
@@ -333,7 +333,7 @@ pub(crate) fn run(flags: &PlanFlags) -> Result<()> {
             100.0 * flags.target_comm_share
         ),
     }
-    if layout.hosts > 1 && layout.ranks_per_host > 1 {
+    if layout.has_host_level() {
         match &recommended_levels {
             Some(levels) => println!(
                 "recommended: hierarchical --levels {levels} (a host's ranks, then the world) keeps communication at or below {:.0}%",

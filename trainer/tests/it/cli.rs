@@ -821,7 +821,7 @@ fn bench_step_spins_before_each_step_off_the_clock() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("invalid --gap-us 1000001: give 0 (no wait) up to 1000000"),
+        err.contains("invalid --gap-us 1000001: give 0 (none) up to 1000000 microseconds"),
         "{err}"
     );
     let dir = tempfile::tempdir().unwrap();
