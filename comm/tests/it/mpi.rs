@@ -201,17 +201,18 @@ fn two_hosts_in_network_namespaces() {
 }
 
 /// A 4-rank "program" for `two_hosts` that fails with `first_failure` printed on its first run
-/// and succeeds on later ones, counting its runs in `dir/runs`.
+/// and succeeds on later ones; every rank that starts marks its job's run in `dir/job.<jobid>`.
+/// One rank of the first run fails (the one whose `mkdir` of the marker wins, exactly once
+/// over all runs), before which it has marked the run: a per-rank marker would leave a rank
+/// that mpirun killed before it started to fail the second run too.
 fn flaky_program(dir: &std::path::Path, first_failure: &str) -> String {
     let prog = dir.join("prog.sh");
     let script = format!(
         "#!/bin/sh\n\
-         if [ \"$OMPI_COMM_WORLD_RANK\" = 0 ]; then echo run >> {runs}; fi\n\
-         if [ ! -e {marker}.$OMPI_COMM_WORLD_RANK ]; then\n\
-           touch {marker}.$OMPI_COMM_WORLD_RANK; echo '{first_failure}'; exit 1\n\
-         fi\n\
+         touch {dir}/job.$OMPI_MCA_ess_base_jobid\n\
+         if mkdir {marker} 2>/dev/null; then echo '{first_failure}'; exit 1; fi\n\
          echo fine\n",
-        runs = dir.join("runs").display(),
+        dir = dir.display(),
         marker = dir.join("marker").display(),
     );
     std::fs::write(&prog, script).unwrap();
@@ -243,7 +244,12 @@ fn two_hosts_retries_only_open_mpis_connect_failure_and_only_once() {
         std::fs::create_dir_all(&dir).unwrap();
         let prog = flaky_program(&dir, failure);
         let (ok, text) = localsgd_test_support::two_hosts(&prog, Vec::new);
-        let runs = std::fs::read_to_string(dir.join("runs")).map_or(0, |s| s.lines().count());
+        // Runs of the job: the distinct job ids its ranks marked.
+        let runs = std::fs::read_dir(&dir).unwrap().filter(|e| {
+            e.as_ref()
+                .is_ok_and(|e| e.file_name().to_string_lossy().starts_with("job."))
+        });
+        let runs = runs.count();
         assert_eq!(ok, want_ok, "{failure}: {text}");
         assert_eq!(runs, want_runs, "{failure}: {text}");
         let _ = std::fs::remove_dir_all(&dir);
