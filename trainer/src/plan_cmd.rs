@@ -44,6 +44,11 @@ pub(crate) struct PlanFlags {
     /// Token-bucket burst of the links in bytes (`tc ... tbf burst`); 0 for a real NIC.
     #[arg(long, default_value_t = 0.0)]
     burst_bytes: f64,
+    /// GB/s of payload at which that burst passes: what the hosts' network path moves
+    /// unshaped (an all-reduce between the hosts with no shaper: `localsgd bench-comm`); inf:
+    /// at once.
+    #[arg(long, default_value_t = f64::INFINITY)]
+    burst_gbps: f64,
     /// Number of hosts.
     #[arg(long, default_value_t = 1)]
     hosts: usize,
@@ -245,6 +250,11 @@ pub(crate) fn run(flags: &PlanFlags) -> Result<()> {
             latency_s: flags.latency_us.max(0.0) * 1e-6,
             mtu: flags.mtu,
             burst_bytes: flags.burst_bytes,
+            burst_bytes_per_second: if flags.burst_gbps == f64::INFINITY {
+                f64::INFINITY
+            } else {
+                positive("burst-gbps", flags.burst_gbps)? * 1e9
+            },
         },
         intra_bytes_per_second: positive("intra-gbps", flags.intra_gbps)? * 1e9,
         intra_latency_s: flags.intra_latency_us.max(0.0) * 1e-6,

@@ -663,6 +663,42 @@ fn plan_lists_each_iteration_of_a_run_over_a_fresh_shaper() {
     );
     // One rank per host: no host level to recommend.
     assert!(v["recommended_levels"].is_null(), "{v}");
+    // The same burst passing at 0.1 GB/s, not at once: each of those iterations' 30 kB take
+    // 0.3 ms on the wire.
+    ok(&localsgd(&[
+        "plan",
+        "--params",
+        "7500",
+        "--compute-ms",
+        "0.3",
+        "--hosts",
+        "2",
+        "--ranks-per-host",
+        "1",
+        "--link-gbit",
+        "0.1",
+        "--latency-us",
+        "1000",
+        "--piece-latency-us",
+        "1000",
+        "--burst-bytes",
+        "100000",
+        "--burst-gbps",
+        "0.1",
+        "--pipeline-buckets",
+        "false",
+        "--algorithms",
+        "ddp",
+        "--steps",
+        "40",
+        "--json",
+        json.to_str().unwrap(),
+    ]));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let seconds: Vec<f64> =
+        serde_json::from_value(v["predictions"][0]["iteration_seconds"].clone()).unwrap();
+    assert!((seconds[0] - 2.6e-3).abs() < 1e-9, "{}", seconds[0]);
 }
 
 /// With several ranks on several hosts, `plan` recommends hierarchical levels, and planning
@@ -753,6 +789,13 @@ fn plan_and_bench_step_name_bad_values() {
     ]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("`levels`"));
+    let out = localsgd(&["plan", "--compute-ms", "1", "--burst-gbps", "0"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("invalid --burst-gbps 0: must be a positive number"),
+        "{err}"
+    );
     for (flag, value) in [("--piece-kib", "-1"), ("--piece-latency-us", "inf")] {
         let arg = format!("{flag}={value}");
         let out = localsgd(&["plan", "--compute-ms", "1", &arg]);
