@@ -615,37 +615,41 @@ fn plan_lists_each_iteration_of_a_run_over_a_fresh_shaper() {
     // (30 kB) over 2 hosts at 100 Mbit/s, 0.3 ms of compute, 1 ms latency, a 100 kB burst.
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("plan.json");
-    ok(&localsgd(&[
-        "plan",
-        "--params",
-        "7500",
-        "--compute-ms",
-        "0.3",
-        "--overhead-ms",
-        "0",
-        "--hosts",
-        "2",
-        "--ranks-per-host",
-        "1",
-        "--link-gbit",
-        "0.1",
-        "--latency-us",
-        "1000",
-        "--piece-latency-us",
-        "1000",
-        "--burst-bytes",
-        "100000",
-        "--pipeline-buckets",
-        "false",
-        "--algorithms",
-        "ddp",
-        "--steps",
-        "40",
-        "--json",
-        json.to_str().unwrap(),
-    ]));
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let plan = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec![
+            "plan",
+            "--params",
+            "7500",
+            "--compute-ms",
+            "0.3",
+            "--overhead-ms",
+            "0",
+            "--hosts",
+            "2",
+            "--ranks-per-host",
+            "1",
+            "--link-gbit",
+            "0.1",
+            "--latency-us",
+            "1000",
+            "--piece-latency-us",
+            "1000",
+            "--burst-bytes",
+            "100000",
+            "--pipeline-buckets",
+            "false",
+            "--algorithms",
+            "ddp",
+            "--steps",
+            "40",
+            "--json",
+            json.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        ok(&localsgd(&args));
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap()
+    };
+    let v = plan(&[]);
     let p = &v["predictions"][0];
     let seconds: Vec<f64> = serde_json::from_value(p["iteration_seconds"].clone()).unwrap();
     assert_eq!(seconds.len(), 40);
@@ -665,37 +669,7 @@ fn plan_lists_each_iteration_of_a_run_over_a_fresh_shaper() {
     assert!(v["recommended_levels"].is_null(), "{v}");
     // The same burst passing at 0.1 GB/s, not at once: each of those iterations' 30 kB take
     // 0.3 ms on the wire.
-    ok(&localsgd(&[
-        "plan",
-        "--params",
-        "7500",
-        "--compute-ms",
-        "0.3",
-        "--hosts",
-        "2",
-        "--ranks-per-host",
-        "1",
-        "--link-gbit",
-        "0.1",
-        "--latency-us",
-        "1000",
-        "--piece-latency-us",
-        "1000",
-        "--burst-bytes",
-        "100000",
-        "--burst-gbps",
-        "0.1",
-        "--pipeline-buckets",
-        "false",
-        "--algorithms",
-        "ddp",
-        "--steps",
-        "40",
-        "--json",
-        json.to_str().unwrap(),
-    ]));
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let v = plan(&["--burst-gbps", "0.1"]);
     let seconds: Vec<f64> =
         serde_json::from_value(v["predictions"][0]["iteration_seconds"].clone()).unwrap();
     assert!((seconds[0] - 2.6e-3).abs() < 1e-9, "{}", seconds[0]);
