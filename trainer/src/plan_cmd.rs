@@ -149,6 +149,15 @@ fn positive(name: &str, v: f64) -> Result<f64> {
     }
 }
 
+/// A rate flag in GB/s as bytes per second: positive, or `inf` for no limit.
+fn bytes_per_second_or_unlimited(name: &str, gbps: f64) -> Result<f64> {
+    if gbps == f64::INFINITY {
+        Ok(gbps)
+    } else {
+        Ok(positive(name, gbps)? * 1e9)
+    }
+}
+
 fn algorithm(name: &str, flags: &PlanFlags, layout: Layout) -> Result<Algorithm> {
     Ok(match name {
         "ddp" => Algorithm::Ddp,
@@ -250,11 +259,7 @@ pub(crate) fn run(flags: &PlanFlags) -> Result<()> {
             latency_s: flags.latency_us.max(0.0) * 1e-6,
             mtu: flags.mtu,
             burst_bytes: flags.burst_bytes,
-            burst_bytes_per_second: if flags.burst_gbps == f64::INFINITY {
-                f64::INFINITY
-            } else {
-                positive("burst-gbps", flags.burst_gbps)? * 1e9
-            },
+            burst_bytes_per_second: bytes_per_second_or_unlimited("burst-gbps", flags.burst_gbps)?,
         },
         intra_bytes_per_second: positive("intra-gbps", flags.intra_gbps)? * 1e9,
         intra_latency_s: flags.intra_latency_us.max(0.0) * 1e-6,
@@ -269,11 +274,7 @@ pub(crate) fn run(flags: &PlanFlags) -> Result<()> {
         compute_s: flags.compute_ms * 1e-3,
         overhead_s: flags.overhead_ms * 1e-3,
         // Infinite (the default) means the pipeline's own copies are free.
-        copy_bytes_per_second: if flags.copy_gbps == f64::INFINITY {
-            f64::INFINITY
-        } else {
-            positive("copy-gbps", flags.copy_gbps)? * 1e9
-        },
+        copy_bytes_per_second: bytes_per_second_or_unlimited("copy-gbps", flags.copy_gbps)?,
         warmup: flags.warmup,
         log_every: flags.log_every,
         compressed: flags.compression != Compression::None,
