@@ -43,8 +43,8 @@
 //!   NIC has no such credit (`burst_bytes = 0`). Without waiting is not at once: the burst
 //!   moves at the rate of the hosts' path itself ([`Link::burst_bytes_per_second`]), each of
 //!   its bytes saving `1/goodput - 1/path`. Between network namespaces of a 2-vCPU VM that
-//!   path moved 3.3 GB/s, 2.8 times a 10 Gbit/s link's goodput (a burst there saves 64% of its
-//!   wire time) and 28 times a 1 Gbit/s link's (96%). The model refills the bucket whenever the link
+//!   path moved 3.0-3.3 GB/s (two runs), 2.5-2.8 times a 10 Gbit/s link's goodput (a burst
+//!   there saves 60-64% of its wire time) and 25-28 times a 1 Gbit/s link's (96%). The model refills the bucket whenever the link
 //!   carries no data: compute, overhead, copies, control collectives, collectives inside a host,
 //!   and the latency at the start of every collective (the wait for the slowest rank, the
 //!   handshakes), since the last collective that crossed the link; that collective empties it.
