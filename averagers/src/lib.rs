@@ -8,7 +8,8 @@
 //! - [`HierarchicalModelAverager`]: several levels `(period, group size)`, e.g. pairs of ranks
 //!   every 2 steps and everyone every 8 (schedule in absolute steps).
 //! - [`OuterAverager`]: DiLoCo and SlowMo — an outer optimizer step on the global parameters
-//!   with the replicas' average displacement as gradient (see [`outer`]).
+//!   with the replicas' average displacement as gradient (see [`outer`]); SlowMo also with
+//!   fairscale's two frequencies ([`OuterAverager::slowmo`], [`SlowMoConfig`]).
 //! - [`average_in_group`]: one averaging of a module's selected parameters — flatten in
 //!   traversal order, divide by the group size, one fused all-reduce (sum), write back.
 //!
@@ -77,7 +78,7 @@ pub use group::new_group;
 pub use hierarchical::{HierarchicalModelAverager, validate_levels};
 pub use outer::{
     OuterAverager, OuterOptimizer, OuterSgd, OuterSgdConfig, OuterState, PseudoGradient,
-    StreamingConfig,
+    SlowMoConfig, StreamingConfig,
 };
 pub use overlap::{Overlap, PendingAverage};
 pub use periodic::PeriodicModelAverager;

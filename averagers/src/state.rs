@@ -54,6 +54,17 @@ pub enum AveragerConfig {
         /// Steps of synchronous warm-up before the first local step.
         warmup_steps: u64,
     },
+    /// SlowMo's schedule with fairscale's two frequencies (see
+    /// [`SlowMoConfig`](crate::outer::SlowMoConfig)).
+    #[serde(rename = "slowmo")]
+    SlowMo {
+        /// Local steps between plain averages over the world.
+        localsgd_frequency: u64,
+        /// Local steps between slow momentum steps.
+        slowmo_frequency: u64,
+        /// Steps of synchronous warm-up before the first local step.
+        warmup_steps: u64,
+    },
     /// An [`OuterAverager`](crate::OuterAverager) on a schedule.
     Outer {
         /// The schedule's configuration.
@@ -101,6 +112,14 @@ impl fmt::Display for AveragerConfig {
             } => write!(
                 f,
                 "streaming(sync_every {sync_every}, fragments {fragments}, delay {delay}, warmup_steps {warmup_steps})"
+            ),
+            AveragerConfig::SlowMo {
+                localsgd_frequency,
+                slowmo_frequency,
+                warmup_steps,
+            } => write!(
+                f,
+                "slowmo(localsgd_frequency {localsgd_frequency}, slowmo_frequency {slowmo_frequency}, warmup_steps {warmup_steps})"
             ),
             AveragerConfig::Outer { schedule, outer } => write!(f, "{outer} on {schedule}"),
         }

@@ -16,6 +16,10 @@
 //!   rank computes the same slow step on the average (fairscale's memory-efficient result,
 //!   without its sharding: each rank holds `θ` and `u`, twice the parameters). `(α, β) = (1, 0)`
 //!   skips the slow step, as fairscale does, so it is bitwise periodic averaging.
+//!   [`OuterAverager::periodic`] takes the slow step at every sync (fairscale with
+//!   `localsgd_frequency = slowmo_frequency`); [`OuterAverager::slowmo`] has fairscale's two
+//!   frequencies ([`SlowMoConfig`]): plain averages over the world every `localsgd_frequency`
+//!   local steps and the slow step every `slowmo_frequency` local steps (defaults 3 and 48).
 //!
 //! The schedule is any [`ModelAverager`] without overlap: the outer step runs on the steps where
 //! it averages over the whole group; steps where it averages a smaller group (the lower levels of
@@ -79,10 +83,12 @@
 //! ```
 
 mod sgd;
+mod slowmo;
 mod state;
 mod streaming;
 
 pub use sgd::{OuterSgd, OuterSgdConfig};
+pub use slowmo::SlowMoConfig;
 pub use state::{FragmentState, OuterState, PendingDelta};
 pub use streaming::StreamingConfig;
 
@@ -101,6 +107,7 @@ use localsgd_comm::{
 };
 use serde::{Deserialize, Serialize};
 use sgd::{Real, slow_step, type_name};
+use slowmo::{SlowMoCadence, SlowMoEvent, SlowMoSchedule};
 use streaming::{Cadence, StreamingSchedule};
 
 /// How the pseudo-gradient is reduced over the group (semantics §8.2). Equal in exact arithmetic,
@@ -248,6 +255,8 @@ pub struct OuterAverager {
     outer_steps: u64,
     compression: Option<Precision>,
     streaming: Option<Streaming>,
+    /// SlowMo's two frequencies (built by [`slowmo`](Self::slowmo)).
+    slowmo: Option<SlowMoCadence>,
 }
 
 impl OuterAverager {
@@ -280,6 +289,7 @@ impl OuterAverager {
             outer_steps: 0,
             compression: None,
             streaming: None,
+            slowmo: None,
         })
     }
 
@@ -341,6 +351,59 @@ impl OuterAverager {
             in_flight: None,
         });
         Ok(averager)
+    }
+
+    /// SlowMo with fairscale's two frequencies (`SlowMoDistributedDataParallel` with
+    /// `localsgd_frequency` lf, `slowmo_frequency` sf, in its default memory-efficient mode,
+    /// semantics §8 of the book). After `warmup` synchronous steps (`θ` refreshed after step
+    /// `warmup − 1`, as [`periodic`](Self::periodic)), local step `n = step − warmup + 1`
+    /// (fairscale's `num_updates + 1`) does, after its optimizer step:
+    ///
+    /// - `n mod sf = 0`: the slow step on the world's average (delta of mean):
+    ///   `u ← βu + (θ − x̄)/γ; θ ← θ − αγu`, every replica adopts `θ`. The plain average due at
+    ///   the same step is skipped (fairscale's memory-efficient mode: the slow step's gather
+    ///   averages anyway);
+    /// - otherwise `n mod lf = 0`: a plain average over the world; `θ` and `u` are untouched
+    ///   (fairscale's `old_params` only move at slow steps);
+    /// - otherwise nothing.
+    ///
+    /// Any positive pair of frequencies is valid. fairscale recommends sf a multiple of lf; when it
+    /// is not (lf 3, sf 4: averages after local steps 3, 6, 9, slow steps after 4, 8, 12) the
+    /// replicas still agree after every slow step, because the slow step averages first. With
+    /// `(α, β) = (1, 0)` no slow step ever runs (fairscale's shortcut): the averages every lf
+    /// steps are the syncs, `θ` follows them and [`outer_steps`](Self::outer_steps) counts them.
+    /// With lf = sf = H this is exactly `periodic(H, warmup, config.optimizer(), world)` (the
+    /// same numbers, `θ`, momentum and outer-step count; the saved schedule configuration
+    /// differs, so their checkpoints do not mix).
+    ///
+    /// `θ` and the slow momentum `u` are taken eagerly ([`reset_global`](Self::reset_global)),
+    /// never lazily after the first inner step (fairscale's quirk 1). γ is the inner learning
+    /// rate of the slow step's own optimizer step ([`set_inner_lr`](Self::set_inner_lr)). The
+    /// checkpoint state is that of [`periodic`](Self::periodic): the step counter,
+    /// `θ`, `u` and the outer-step count (the plain averages keep nothing).
+    ///
+    /// Errors: a frequency of 0 or invalid slow-optimizer settings ([`SlowMoConfig::validate`],
+    /// naming the value and what is valid).
+    pub fn slowmo(config: SlowMoConfig, warmup: u64, world: Group) -> Result<Self, AveragerError> {
+        let cadence = SlowMoCadence::new(config, warmup)?;
+        if config.localsgd_frequency == 1 {
+            tracing::warn!(
+                localsgd_frequency = 1,
+                "SlowMo with localsgd_frequency 1 averages the parameters after every step, \
+                 which costs at least as much as all-reducing gradients"
+            );
+        }
+        let schedule = SlowMoSchedule::new(cadence, world.clone());
+        let mut averager =
+            Self::new(Box::new(schedule), config.optimizer(), world)?.with_local_start(warmup);
+        averager.slowmo = Some(cadence);
+        Ok(averager)
+    }
+
+    /// SlowMo's frequencies and slow optimizer (`None` unless built by
+    /// [`slowmo`](Self::slowmo)).
+    pub fn slowmo_config(&self) -> Option<&SlowMoConfig> {
+        self.slowmo.as_ref().map(SlowMoCadence::config)
     }
 
     /// Streaming DiLoCo's settings (`None` for DiLoCo and SlowMo on a schedule).
@@ -637,8 +700,19 @@ impl OuterAverager {
         selection: &ParamSelection,
     ) -> Result<M, AveragerError> {
         let step = self.schedule.step();
-        let module = match &self.streaming {
-            Some(s) => {
+        let module = match (&self.streaming, self.slowmo) {
+            (_, Some(c)) => match c.event(step) {
+                SlowMoEvent::Sync => self.outer_sync(module, selection)?,
+                SlowMoEvent::Average => {
+                    // θ is not needed yet, but a missing one fails now, not at the slow step.
+                    if self.global.is_empty() {
+                        return Err(not_taken());
+                    }
+                    average_in_group(module, selection, &self.world)?
+                }
+                SlowMoEvent::Local => module,
+            },
+            (Some(s), None) => {
                 let event = s.cadence.event(step);
                 if let Some(f) = event.prepare {
                     self.start_delta(&module, f)?;
@@ -648,7 +722,7 @@ impl OuterAverager {
                     None => module,
                 }
             }
-            None => match self.schedule.scheduled_group() {
+            (None, None) => match self.schedule.scheduled_group() {
                 Some(g) if g.size() == self.world.size() => self.outer_sync(module, selection)?,
                 Some(g) => average_in_group(module, selection, &g)?,
                 None => module,

@@ -10,4 +10,5 @@ mod overlapped_averaging;
 mod parameter_agreement;
 mod periodic_schedule;
 mod saved_state;
+mod slowmo_frequencies;
 mod streaming_vectors;

@@ -14,11 +14,11 @@ use localsgd_averagers::{
 };
 
 #[derive(Module, Debug)]
-struct Scalar {
+pub(crate) struct Scalar {
     w: Param<Tensor<1>>,
 }
 
-fn scalar(value: f64, dtype: DType) -> Scalar {
+pub(crate) fn scalar(value: f64, dtype: DType) -> Scalar {
     let device = Device::flex();
     let t = Tensor::<1>::from_data(TensorData::from([value]), (&device, DType::F64));
     Scalar {
@@ -30,7 +30,7 @@ fn scalar(value: f64, dtype: DType) -> Scalar {
     }
 }
 
-fn get(m: &Scalar) -> f64 {
+pub(crate) fn get(m: &Scalar) -> f64 {
     match flatten_params(m, &ParamSelection::All).map(|f| f.buffer) {
         Ok(FlatBuffer::F64(v)) => v[0],
         Ok(FlatBuffer::F32(v)) => v[0] as f64,
@@ -39,7 +39,7 @@ fn get(m: &Scalar) -> f64 {
 }
 
 /// One inner SGD step on `(w − target)²/2`: `w ← w − lr·(w − target)`, in the model's type.
-fn inner_step(m: Scalar, lr: f64, target: f64) -> Scalar {
+pub(crate) fn inner_step(m: Scalar, lr: f64, target: f64) -> Scalar {
     let mut flat = flatten_params(&m, &ParamSelection::All).expect("flatten");
     match &mut flat.buffer {
         FlatBuffer::F64(v) => v[0] -= lr * (v[0] - target),
@@ -48,16 +48,16 @@ fn inner_step(m: Scalar, lr: f64, target: f64) -> Scalar {
     write_params(m, &flat).expect("write")
 }
 
-struct Run {
+pub(crate) struct Run {
     /// `w` after every sync step, per rank.
-    syncs: Vec<Vec<f64>>,
+    pub(crate) syncs: Vec<Vec<f64>>,
     /// The outer momentum after every sync (rank 0).
-    momentum: Vec<Option<f64>>,
+    pub(crate) momentum: Vec<Option<f64>>,
 }
 
 /// `steps` inner steps on 4 ranks with `make` building each rank's averager; the inner lr of
 /// step `s` (1-based) is `lr(s)`. Records `w` after the steps where the averager synced.
-fn run(
+pub(crate) fn run(
     steps: u64,
     dtype: DType,
     lr: fn(u64) -> f64,
@@ -105,7 +105,7 @@ fn run(
     Run { syncs, momentum }
 }
 
-fn lr01(_: u64) -> f64 {
+pub(crate) fn lr01(_: u64) -> f64 {
     0.1
 }
 
@@ -121,7 +121,7 @@ fn diloco(
 }
 
 /// Every rank ends every sync with the same `w`, equal to `expected` within `rtol`.
-fn assert_syncs(run: &Run, expected: &[f64], rtol: f64) {
+pub(crate) fn assert_syncs(run: &Run, expected: &[f64], rtol: f64) {
     assert_eq!(run.syncs.len(), expected.len(), "number of syncs");
     for (i, (got, &want)) in run.syncs.iter().zip(expected).enumerate() {
         for &g in got {
