@@ -340,7 +340,10 @@ fn slice_tensor<const D: usize>(
 /// `ParamId`, dtype, device and `require_grad`; unselected parameters are untouched.
 ///
 /// Fails (leaving nothing half-written: the module is only returned on success) when the module's
-/// layout for the same selection differs from `flat.layout`.
+/// layout for the same selection differs from `flat.layout`; the error says what differs and the
+/// likely cause. The layout selects by `ParamId`, and ids are random per process and per
+/// initialisation: a buffer flattened from one instance of a model selects nothing in another
+/// (a fresh replica). Lay it out for the target first (`FlatLayout::of(&target, &selection)`).
 pub fn write_params<M: Module>(module: M, flat: &FlatParams) -> Result<M, CommError> {
     check_layout(&module, flat)?;
     struct W<'a> {
@@ -433,13 +436,160 @@ fn check_layout<M: Module>(module: &M, flat: &FlatParams) -> Result<(), CommErro
     let selection = ParamSelection::ids(flat.layout.entries.iter().map(|e| e.id));
     let here = FlatLayout::of(module, &selection);
     if here != flat.layout {
-        return Err(CommError::LayoutMismatch(format!(
-            "the module's parameters ({} selected, {} elements) do not match the buffer's layout ({} parameters, {} elements)",
-            here.entries.len(),
-            here.total,
-            flat.layout.entries.len(),
-            flat.layout.total
+        return Err(CommError::LayoutMismatch(layout_mismatch(
+            module,
+            &here,
+            &flat.layout,
         )));
     }
     Ok(())
+}
+
+/// Why `module` does not fit a buffer laid out as `want` (`here`: the module's own layout of the
+/// ids `want` selects): the counts, what differs, the likely cause and what to do.
+fn layout_mismatch<M: Module>(module: &M, here: &FlatLayout, want: &FlatLayout) -> String {
+    let counts = format!(
+        "the module's parameters ({} selected, {} elements) do not match the buffer's layout ({} \
+         parameters, {} elements)",
+        here.entries.len(),
+        here.total,
+        want.entries.len(),
+        want.total
+    );
+    // The module's every float tensor, entry `i` at traversal position `i`.
+    let all = FlatLayout::of(module, &ParamSelection::All);
+    let at = |index: usize| match all.entries.get(index) {
+        Some(e) => format!("shape {:?}", e.shape),
+        None => format!("absent (it has {} float tensors)", all.entries.len()),
+    };
+    let missing: Vec<&LayoutEntry> = want
+        .entries
+        .iter()
+        .filter(|w| !here.entries.iter().any(|h| h.id == w.id))
+        .collect();
+    let same_places = want
+        .entries
+        .iter()
+        .all(|w| all.entries.get(w.index).is_some_and(|a| a.shape == w.shape));
+    let why = match missing.first() {
+        Some(_) if missing.len() == want.entries.len() && same_places => format!(
+            "none of the buffer's {} ParamIds is a parameter of this module, although the \
+             module has tensors of the same shapes at the buffer's traversal positions: the \
+             buffer was flattened from another instance of the model (a fresh replica, another \
+             process: ParamIds are random per process and per initialisation), and a selection \
+             by another module's ids selects nothing here. Write it into the module it was \
+             flattened from, or lay it out for this module (`FlatParams {{ layout: \
+             FlatLayout::of(&module, &ParamSelection::All), buffer }}` when it holds every \
+             parameter), or restore the saved ParamIds first (checkpoints do)",
+            want.entries.len()
+        ),
+        Some(first) if missing.len() == want.entries.len() => format!(
+            "none of the buffer's {} ParamIds is a parameter of this module, and its tensors \
+             differ from the buffer's too (position {} is shape {:?} in the buffer, {} in the \
+             module): the buffer holds another model's parameters",
+            want.entries.len(),
+            first.index,
+            first.shape,
+            at(first.index)
+        ),
+        Some(first) => format!(
+            "{} of the buffer's {} ParamIds are not parameters of this module (the first, at \
+             traversal position {} with shape {:?}: the module has {} there): the buffer was \
+             flattened from a module some of whose parameters were since replaced (a new \
+             `Param` has a new id); flatten again, or lay the buffer out with \
+             `FlatLayout::of` of this module",
+            missing.len(),
+            want.entries.len(),
+            first.index,
+            first.shape,
+            at(first.index)
+        ),
+        None => match want.entries.iter().zip(&here.entries).find(|(w, h)| w != h) {
+            Some((w, h)) => format!(
+                "the buffer's parameter at traversal position {} with shape {:?} is at position \
+                 {} with shape {:?} in the module: the module's structure changed since it was \
+                 flattened (tensors added, removed or reshaped); flatten it again",
+                w.index, w.shape, h.index, h.shape
+            ),
+            None => "the same parameters, laid out differently".to_string(),
+        },
+    };
+    format!("{counts}: {why}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Module, Debug)]
+    struct Two {
+        a: Param<Tensor<2>>,
+        b: Param<Tensor<1>>,
+    }
+
+    fn two(device: &Device, rows: usize) -> Two {
+        Two {
+            a: Param::from_tensor(Tensor::ones([rows, 3], device)),
+            b: Param::from_tensor(Tensor::zeros([3], device)),
+        }
+    }
+
+    fn mismatch(result: Result<Two, CommError>) -> String {
+        match result {
+            Err(e @ CommError::LayoutMismatch(_)) => e.to_string(),
+            Err(e) => panic!("expected a layout mismatch, got {e}"),
+            Ok(_) => panic!("expected a layout mismatch, the write succeeded"),
+        }
+    }
+
+    #[test]
+    fn writing_into_a_fresh_replica_names_the_param_ids_and_what_to_do() {
+        let device = Device::flex();
+        let flat = flatten_params(&two(&device, 2), &ParamSelection::All).unwrap();
+        let fresh = two(&device, 2);
+        let msg = mismatch(write_params(fresh.clone(), &flat));
+        assert!(msg.contains("0 selected, 0 elements"), "{msg}");
+        assert!(msg.contains("none of the buffer's 2 ParamIds"), "{msg}");
+        assert!(msg.contains("another instance of the model"), "{msg}");
+        assert!(msg.contains("ParamIds are random per process"), "{msg}");
+        assert!(msg.contains("FlatLayout::of(&module"), "{msg}");
+        // What the message says to do works.
+        let relaid = FlatParams {
+            layout: FlatLayout::of(&fresh, &ParamSelection::All),
+            buffer: flat.buffer.clone(),
+        };
+        let written = write_params(fresh, &relaid).unwrap();
+        assert_eq!(
+            flatten_params(&written, &ParamSelection::All)
+                .unwrap()
+                .buffer,
+            flat.buffer
+        );
+    }
+
+    #[test]
+    fn writing_into_another_model_names_the_shapes() {
+        let device = Device::flex();
+        let flat = flatten_params(&two(&device, 2), &ParamSelection::All).unwrap();
+        let msg = mismatch(write_params(two(&device, 4), &flat));
+        assert!(msg.contains("another model's parameters"), "{msg}");
+        assert!(
+            msg.contains("shape [2, 3] in the buffer, shape [4, 3]"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn a_replaced_param_is_named() {
+        let device = Device::flex();
+        let model = two(&device, 2);
+        let flat = flatten_params(&model, &ParamSelection::All).unwrap();
+        let model = Two {
+            b: Param::from_tensor(Tensor::zeros([3], &device)),
+            ..model
+        };
+        let msg = mismatch(write_params(model, &flat));
+        assert!(msg.contains("1 of the buffer's 2 ParamIds"), "{msg}");
+        assert!(msg.contains("traversal position 1 with shape [3]"), "{msg}");
+    }
 }

@@ -7,7 +7,9 @@ use crate::signature::CallSignature;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// A snapshot of a group's traffic counters, as seen by one rank.
+/// A snapshot of a group's traffic counters, as seen by one rank. Snapshots subtract (the traffic
+/// between two: `after - before`, as a pipeline iteration reports its own) and add up (`+`, `+=`,
+/// `Iterator::sum`: the total of per-iteration reports).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Traffic {
     /// Collectives this rank issued on the group (and on subgroups created from it).
@@ -28,6 +30,37 @@ impl std::ops::Sub for Traffic {
             bytes: self.bytes - rhs.bytes,
             data_bytes: self.data_bytes - rhs.data_bytes,
         }
+    }
+}
+
+impl std::ops::Add for Traffic {
+    type Output = Traffic;
+    fn add(self, rhs: Traffic) -> Traffic {
+        Traffic {
+            collectives: self.collectives + rhs.collectives,
+            bytes: self.bytes + rhs.bytes,
+            data_bytes: self.data_bytes + rhs.data_bytes,
+        }
+    }
+}
+
+impl std::ops::AddAssign for Traffic {
+    fn add_assign(&mut self, rhs: Traffic) {
+        *self = *self + rhs;
+    }
+}
+
+/// The total of per-iteration reports (`reports.iter().map(|r| r.traffic).sum()`).
+impl std::iter::Sum for Traffic {
+    fn sum<I: Iterator<Item = Traffic>>(iter: I) -> Traffic {
+        iter.fold(Traffic::default(), |total, t| total + t)
+    }
+}
+
+/// The total of borrowed snapshots (`traffics.iter().sum()`).
+impl<'a> std::iter::Sum<&'a Traffic> for Traffic {
+    fn sum<I: Iterator<Item = &'a Traffic>>(iter: I) -> Traffic {
+        iter.copied().sum()
     }
 }
 
@@ -95,5 +128,35 @@ impl TrafficChain {
             .first()
             .map(|c| c.snapshot())
             .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Traffic;
+
+    fn t(collectives: u64, bytes: u64, data_bytes: u64) -> Traffic {
+        Traffic {
+            collectives,
+            bytes,
+            data_bytes,
+        }
+    }
+
+    #[test]
+    fn traffic_adds_and_sums_field_by_field() {
+        let (a, b) = (t(1, 40, 32), t(2, 16, 0));
+        assert_eq!(a + b, t(3, 56, 32));
+        let mut c = a;
+        c += b;
+        assert_eq!(c, t(3, 56, 32));
+        assert_eq!(c - b, a);
+        let reports = [a, b, t(0, 8, 8)];
+        assert_eq!(reports.iter().sum::<Traffic>(), t(3, 64, 40));
+        assert_eq!(reports.into_iter().sum::<Traffic>(), t(3, 64, 40));
+        assert_eq!(
+            std::iter::empty::<Traffic>().sum::<Traffic>(),
+            Traffic::default()
+        );
     }
 }
