@@ -68,13 +68,22 @@ CASES = {
     ),
     # Gradient accumulation of 2 micro-batches per optimizer step, through post-local SGD's
     # switch (the hook's iter and the averager count optimizer steps); loss / 2 backward on each
-    # micro-batch, one step; an epoch's odd last batch is not stepped (23 batches per rank: 11
-    # steps per epoch). The recorded loss is the mean of the two micro-batches' losses.
+    # micro-batch, one step. The micro-batches stream across epochs, as an iteration-based loop
+    # draws them (23 batches per rank per epoch: step 11 takes epoch 0's last batch and epoch
+    # 1's first). The recorded loss is the mean of the step's micro-batches' losses.
     "post-local-accumulate-2": (
         dict(algorithm="post-local-sgd", optimizer="sgd", lr=0.1, momentum=0.9, weight_decay=0.0,
              clip=None, schedule=None, warmup=6, period=2, accumulate=2),
         ["--algorithm", "post-local-sgd", "--warmup", "6", "--period", "2", "--optimizer", "sgd",
          "--lr", "0.1", "--momentum", "0.9", "--accumulate", "2"],
+    ),
+    # Lightning's rule: each epoch's last step takes the micro-batches left (23 = 7 x 3 + 2: a
+    # step of 2 ends every epoch), each micro-batch's loss still divided by 3.
+    "post-local-accumulate-3-epoch-end": (
+        dict(algorithm="post-local-sgd", optimizer="sgd", lr=0.1, momentum=0.9, weight_decay=0.0,
+             clip=None, schedule=None, warmup=6, period=2, accumulate=3, epoch_end=True),
+        ["--algorithm", "post-local-sgd", "--warmup", "6", "--period", "2", "--optimizer", "sgd",
+         "--lr", "0.1", "--momentum", "0.9", "--accumulate", "3", "--accumulation", "epoch-end"],
     ),
     # Cosine annealing over the run.
     "ddp-cosine": (
@@ -119,9 +128,9 @@ CASES = {
         dict(algorithm="slowmo", optimizer="sgd", lr=0.2, momentum=0.9, weight_decay=0.0,
              clip=None, schedule=("step", 8, 0.5), warmup=6, period=4, outer_lr=1.0,
              outer_momentum=0.5, outer_nesterov=False),
-        ["--algorithm", "slowmo", "--warmup", "6", "--period", "4", "--optimizer", "sgd",
-         "--lr", "0.2", "--momentum", "0.9", "--lr-schedule", "step", "--lr-step-size", "8",
-         "--lr-gamma", "0.5"],
+        ["--algorithm", "slowmo", "--warmup", "6", "--period", "4", "--slowmo-frequency", "4",
+         "--optimizer", "sgd", "--lr", "0.2", "--momentum", "0.9", "--lr-schedule", "step",
+         "--lr-step-size", "8", "--lr-gamma", "0.5"],
     ),
 }
 
@@ -196,41 +205,57 @@ def rank_main(rank, port, name, case, queue):
                                  drop_last=False)
     loss_fn = nn.CrossEntropyLoss()
     k = case.get("accumulate", 1)
-    losses, step, epoch = [], 0, 0
-    while step < STEPS:
+
+    def epoch_batches(epoch):
         sampler.set_epoch(epoch)
         idx = torch.tensor(list(iter(sampler)), dtype=torch.int64)
-        starts = list(range(0, len(idx), BATCH))
-        for first in range(0, len(starts) - k + 1, k):
-            if step >= STEPS:
-                break
-            opt.zero_grad(set_to_none=True)
-            total = 0.0
-            for j in range(k):
-                b = idx[starts[first + j]:starts[first + j] + BATCH]
-                # DDP's accumulation: no_sync around the forward and backward of every
-                # micro-batch but the last, so only the last backward all-reduces (and calls
-                # the hook, whose iter then counts optimizer steps).
-                sync = contextlib.nullcontext() if j + 1 == k else ddp.no_sync()
-                with sync:
-                    micro = loss_fn(ddp(x[b]), y[b])
-                    total += micro.item()
-                    (micro / k).backward()
-            loss = torch.tensor(total / k)
-            if case["clip"] is not None:
-                torch.nn.utils.clip_grad_norm_(ddp.parameters(), case["clip"])
-            opt.step()
-            # SlowMo's gamma: the learning rate of the step just taken.
-            lr_used = opt.param_groups[0]["lr"]
-            if sched is not None:
-                sched.step()
-            if averager is not None:
-                averager.average_parameters(ddp.parameters())
-            if outer is not None:
-                outer.after_step(lr_used)
-            losses.append(loss.item())
-            step += 1
-        epoch += 1
+        return [idx[first:first + BATCH] for first in range(0, len(idx), BATCH)]
+
+    def steps():
+        """Each optimizer step's micro-batches: one stream across epochs, or (Lightning's
+        rule, `epoch_end`) each epoch cut into steps of k, its last step taking what is left."""
+        epoch, pending = 0, []
+        while True:
+            for b in epoch_batches(epoch):
+                pending.append(b)
+                if len(pending) == k:
+                    yield pending
+                    pending = []
+            if case.get("epoch_end") and pending:
+                yield pending
+                pending = []
+            epoch += 1
+
+    losses = []
+    for micro_batches in steps():
+        if len(losses) >= STEPS:
+            break
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for j, b in enumerate(micro_batches):
+            # DDP's accumulation: no_sync around the forward and backward of every micro-batch
+            # but the last, so only the last backward all-reduces (and calls the hook, whose
+            # iter then counts optimizer steps). Every loss is divided by k, also in a step of
+            # fewer (PyTorch's accumulation loops and Lightning).
+            last = j + 1 == len(micro_batches)
+            sync = contextlib.nullcontext() if last else ddp.no_sync()
+            with sync:
+                micro = loss_fn(ddp(x[b]), y[b])
+                total += micro.item()
+                (micro / k).backward()
+        loss = torch.tensor(total / len(micro_batches))
+        if case["clip"] is not None:
+            torch.nn.utils.clip_grad_norm_(ddp.parameters(), case["clip"])
+        opt.step()
+        # SlowMo's gamma: the learning rate of the step just taken.
+        lr_used = opt.param_groups[0]["lr"]
+        if sched is not None:
+            sched.step()
+        if averager is not None:
+            averager.average_parameters(ddp.parameters())
+        if outer is not None:
+            outer.after_step(lr_used)
+        losses.append(loss.item())
     if rank == 0:
         if cnn:
             bench_pytorch.write_safetensors(final_path(name), model.state_dict())

@@ -88,3 +88,9 @@ pub use state::{AveragerConfig, AveragerState, Level};
 pub use localsgd_comm as comm;
 pub use localsgd_comm::Group;
 pub use localsgd_comm::params::ParamSelection;
+
+/// The book's Concepts chapter as a doctest: its examples use only this crate and the comm
+/// crate.
+#[cfg(doctest)]
+#[doc = include_str!("../../book/src/concepts.md")]
+pub struct BookConcepts;

@@ -61,3 +61,9 @@ pub use traffic::Traffic;
 /// pieces of at most this size, one after the other (`mpi` module, feature `mpi`). Public for
 /// cost models (`localsgd plan` charges each further piece one small collective).
 pub const MPI_PIECE_BYTES: usize = 256 * 1024;
+
+/// The book's chapter on this crate as a doctest: its examples compile and run against burn and
+/// this crate alone.
+#[cfg(doctest)]
+#[doc = include_str!("../../book/src/comm.md")]
+pub struct BookComm;

@@ -65,3 +65,9 @@ pub use in_flight::InFlightGrads;
 pub use plan::{BucketCaps, BucketPlan, BucketSpec, PlannedParam};
 pub use post_local::{PostLocalSgdHook, PostLocalSgdState};
 pub use reducer::GradientReducer;
+
+/// The book's chapter on this crate as a doctest: its examples compile and run against burn,
+/// this crate and the comm crate alone.
+#[cfg(doctest)]
+#[doc = include_str!("../../book/src/hooks.md")]
+pub struct BookHooks;

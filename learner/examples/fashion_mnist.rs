@@ -1,5 +1,5 @@
 //! A small CNN with batch normalization on Fashion-MNIST, trained through burn-train's
-//! `SupervisedTraining` with post-local SGD on 2 thread ranks: the model, loaders, metrics,
+//! `SupervisedTraining` with post-local SGD (or any other algorithm) on 2 thread ranks: the model, loaders, metrics,
 //! checkpointers and early stopping are burn-train's; only the strategy is ours.
 //!
 //! The data is the Debian package `dataset-fashion-mnist` (MIT license):
@@ -10,8 +10,10 @@
 //! ```
 //!
 //! Flags: `--data-dir DIR` (default `/usr/share/datasets/fashion-mnist`), `--epochs N` (2),
-//! `--workers W` (2), `--algorithm ddp|post-local-sgd|local-sgd` (post-local-sgd), `--warmup N`
-//! (100 optimizer steps), `--period N` (4), `--items N` (train on the first N images; default
+//! `--workers W` (2), `--algorithm ddp|local-sgd|post-local-sgd|hierarchical|diloco|
+//! streaming-diloco|slowmo` (post-local-sgd; hierarchical averages pairs every period and all
+//! ranks every two, streaming-diloco syncs 2 fragments), `--warmup N` (100 optimizer steps),
+//! `--period N` (4; DiLoCo's H), `--items N` (train on the first N images; default
 //! all 60,000), `--out DIR` (runs/fashion-mnist-learner).
 
 use std::path::PathBuf;
@@ -31,7 +33,11 @@ use burn_train::{
     ClassificationOutput, InferenceStep, Learner, SupervisedTraining, TrainOutput, TrainStep,
     TrainingStrategy,
 };
-use localsgd_learner::{AlgorithmKind, LocalSgdStrategy, StrategyConfig};
+use localsgd_learner::{
+    AlgorithmKind, AlgorithmSpec, ConsoleRenderer, Levels, LocalSgdStrategy, StrategyConfig,
+};
+use localsgd_pipeline::algorithm::default_levels;
+use localsgd_pipeline::settings::SLOWMO_FREQUENCY;
 use localsgd_trainer::cnn::{Cnn, CnnConfig};
 
 #[derive(Clone, Debug)]
@@ -106,6 +112,38 @@ struct Args {
     out: PathBuf,
 }
 
+/// Every algorithm the strategy runs, by its `--algorithm` name.
+const ALGORITHMS: [AlgorithmKind; 7] = [
+    AlgorithmKind::Ddp,
+    AlgorithmKind::LocalSgd,
+    AlgorithmKind::PostLocalSgd,
+    AlgorithmKind::Hierarchical,
+    AlgorithmKind::Diloco,
+    AlgorithmKind::StreamingDiloco,
+    AlgorithmKind::Slowmo,
+];
+
+/// The algorithm's settings from the flags: `--warmup` and `--period` for every averaging
+/// algorithm; hierarchical averages pairs every period and the world every two.
+fn spec(args: &Args) -> Result<AlgorithmSpec, String> {
+    let (warmup, period) = (args.warmup, args.period);
+    Ok(match args.algorithm {
+        AlgorithmKind::Ddp => AlgorithmSpec::ddp(),
+        AlgorithmKind::LocalSgd => AlgorithmSpec::local_sgd(period),
+        AlgorithmKind::PostLocalSgd => AlgorithmSpec::post_local_sgd(warmup, period),
+        AlgorithmKind::Hierarchical => {
+            AlgorithmSpec::hierarchical(warmup, Levels::from(default_levels(args.workers, period)))
+        }
+        AlgorithmKind::Diloco => AlgorithmSpec::diloco(period).with_warmup(warmup),
+        AlgorithmKind::StreamingDiloco => {
+            AlgorithmSpec::streaming_diloco(period, 2).with_warmup(warmup)
+        }
+        AlgorithmKind::Slowmo => {
+            AlgorithmSpec::slowmo(period, SLOWMO_FREQUENCY).with_warmup(warmup)
+        }
+    })
+}
+
 fn parse_args() -> Result<Args, String> {
     let mut args = Args {
         data_dir: PathBuf::from("/usr/share/datasets/fashion-mnist"),
@@ -133,16 +171,17 @@ fn parse_args() -> Result<Args, String> {
             "--items" => args.items = Some(number(&value)? as usize),
             "--out" => args.out = PathBuf::from(value),
             "--algorithm" => {
-                args.algorithm = match value.as_str() {
-                    "ddp" => AlgorithmKind::Ddp,
-                    "post-local-sgd" => AlgorithmKind::PostLocalSgd,
-                    "local-sgd" => AlgorithmKind::LocalSgd,
-                    other => {
-                        return Err(format!(
-                            "--algorithm {other:?}: expected ddp, post-local-sgd or local-sgd"
-                        ));
-                    }
-                }
+                args.algorithm = ALGORITHMS
+                    .iter()
+                    .copied()
+                    .find(|k| k.name() == value)
+                    .ok_or_else(|| {
+                        let names: Vec<&str> = ALGORITHMS.iter().map(|k| k.name()).collect();
+                        format!(
+                            "--algorithm {value:?}: expected one of {}",
+                            names.join(", ")
+                        )
+                    })?;
             }
             other => return Err(format!("unknown flag {other}; see the example's docs")),
         }
@@ -193,17 +232,13 @@ fn run() -> Result<(), String> {
         .batch_size(256)
         .build(InMemDataset::new(images(&data.test, None)));
 
-    let config = StrategyConfig {
-        algorithm: args.algorithm,
-        workers: args.workers,
-        warmup: args.warmup,
-        period: Some(args.period),
-        ..StrategyConfig::default()
-    };
+    let config = StrategyConfig::new(spec(&args)?).with_workers(args.workers);
     let device = Device::flex().autodiff();
-    let strategy = LocalSgdStrategy::new(config, device.clone())
-        .map_err(|e| e.to_string())?
-        .with_directory(&args.out);
+    let strategy = Arc::new(
+        LocalSgdStrategy::new(config, device.clone())
+            .map_err(|e| e.to_string())?
+            .with_directory(&args.out),
+    );
     let model = Model {
         cnn: CnnConfig {
             side: 28,
@@ -222,20 +257,26 @@ fn run() -> Result<(), String> {
         .init();
     let result = SupervisedTraining::new(&args.out, train, valid)
         .metrics((AccuracyMetric::new(), LossMetric::new()))
+        // Loss and accuracy as plain lines (burn-train's TUI is not built in this workspace).
+        .renderer(Box::new(ConsoleRenderer::new()))
         .with_default_checkpointers()
         .with_checkpointing_strategy(KeepLastNCheckpoints::new(2))
-        .with_training_strategy(TrainingStrategy::Custom(Arc::new(strategy)))
+        .with_training_strategy(TrainingStrategy::Custom(strategy.clone()))
         .num_epochs(args.epochs)
         .summary()
         .launch(Learner::new(model, optimizer, 0.05));
     if let Some(e) = &result.error {
         return Err(e.to_string());
     }
+    let traffic = strategy.report().map(|r| r.traffic()).unwrap_or_default();
     println!(
-        "trained {} epochs of {:?} on {} ranks; run directory {}",
+        "trained {} epochs of {} on {} ranks ({} collectives, {} bytes sent, all ranks); \
+         run directory {}",
         args.epochs,
-        args.algorithm,
+        args.algorithm.name(),
         args.workers,
+        traffic.collectives,
+        traffic.bytes,
         args.out.display()
     );
     Ok(())

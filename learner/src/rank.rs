@@ -1,39 +1,47 @@
-//! One rank's training loop: burn-train's epoch loop with the pipeline's phase order in every
-//! iteration (agree on data, forward/backward through the `Learner`, gradient sync through the
-//! comm hook, the optimizer step, then model averaging as its own phase), rank 0 feeding
-//! burn-train's events, validating and checkpointing, and every stop agreed by all ranks.
+//! One rank of the strategy: burn-train's epoch loop (events, validation, checkpoints, early
+//! stopping, every stop agreed by all ranks) around the localsgd [`Pipeline`], which runs each
+//! iteration's phases. This file adapts burn-train to the pipeline's three override points:
+//! the shard's data loader is the [`BatchSource`], the model's `TrainStep` the
+//! [`ForwardBackward`] step, and the `Learner`'s optimizer and scheduler the
+//! [`InnerOptimizer`].
 
-use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use burn::data::dataloader::Progress;
-use burn::optim::GradientsAccumulator;
+use burn::data::dataloader::{DataLoader, DataLoaderIterator, Progress};
+use burn::optim::GradientsParams;
+use burn::optim::lr_scheduler::module_lr_scheduler::ModuleLearningRate;
 use burn::tensor::Device;
 use burn_train::metric::store::EventStoreClient;
 use burn_train::{
     EventProcessorTraining, InferenceStep, Interrupter, Learner, LearnerEvent, LearnerModel,
-    LearningCheckpointer, TrainLoader, TrainingComponents, TrainingItem, ValidLoader,
+    LearningCheckpointer, TrainLoader, TrainStep, TrainingComponents, TrainingItem, ValidLoader,
 };
-use localsgd_averagers::{AverageParameters, ModelAverager, broadcast_in_group};
-use localsgd_comm::params::ParamSelection;
-use localsgd_comm::{Group, GroupExt};
-use localsgd_hooks::{CommHook, GradientReducer};
-use localsgd_pipeline::algorithm::{self, AlgorithmSpec};
+use localsgd_comm::{Group, GroupExt, Traffic};
+use localsgd_pipeline::algorithm;
 use localsgd_pipeline::pipeline::{
-    BufferPolicy, average_buffers, broadcast_buffers, settle_if_buffers,
+    Accumulation, BatchSource, ForwardBackward, InnerOptimizer, MicroBatch, Outcome, Pipeline,
+    PipelineOptions, SourceError, StepOutput, settle_if_buffers,
 };
+use localsgd_pipeline::settings::AlgorithmKind;
 
 use crate::config::StrategyConfig;
+use crate::error::StrategyError;
+use crate::report::RankReport;
 use crate::state::{RankState, StateDir};
+use localsgd_pipeline::checkpoint::PipelineState;
 
 /// What every rank reads; `components` is used by rank 0 only (events, checkpointer, early
 /// stopping).
 pub(crate) struct Shared<'a, M: LearnerModel> {
     pub config: &'a StrategyConfig,
-    pub spec: &'a AlgorithmSpec,
     pub device: &'a Device,
     pub state_dir: Option<&'a StateDir>,
-    pub train: &'a TrainLoader<M>,
+    /// The training loader's items (for progress).
+    pub train_items: usize,
+    /// Every rank's shard of the training loader, in rank order (sliced once, before the ranks
+    /// start: each slice forks the loader's shuffling generator, so the order of the slices
+    /// fixes each shard's shuffle).
+    pub shards: &'a Mutex<Vec<Option<TrainLoader<M>>>>,
     pub valid: &'a ValidLoader<M>,
     pub num_epochs: usize,
     pub starting_epoch: usize,
@@ -43,32 +51,121 @@ pub(crate) struct Shared<'a, M: LearnerModel> {
     pub components: &'a Mutex<TrainingComponents<M>>,
 }
 
-/// A rank's failure, as text (it is reported through burn-train's `Interrupter`).
-type RankResult<T> = Result<T, String>;
-
-fn text(e: impl std::fmt::Display) -> String {
-    e.to_string()
+/// How a rank ended.
+pub(crate) struct RankEnd<M> {
+    /// The rank's own final model.
+    pub own: M,
+    /// The world average of the final models (DDP: the rank's own); `None` when the rank
+    /// failed.
+    pub averaged: Option<M>,
+    /// Every rank's counters (gathered; `None` when the rank failed).
+    pub ranks: Option<Vec<RankReport>>,
+    /// The error that stopped the rank.
+    pub error: Option<StrategyError>,
 }
 
-/// Run rank `group.rank()` of the strategy to its end; returns its final model, or the error
-/// that stopped it together with the model it had.
+/// Run rank `group.rank()` of the strategy to its end.
 pub(crate) fn run_rank<M: LearnerModel>(
     shared: &Shared<'_, M>,
     group: Group,
     mut learner: Learner<M>,
-) -> (M, Option<String>) {
+) -> RankEnd<M> {
     learner.fork(shared.device);
-    let mut rank = match RankLoop::new(shared, group, learner) {
+    let learner = Arc::new(Mutex::new(learner));
+    let mut rank = match RankLoop::new(shared, group, learner.clone()) {
         Ok(r) => r,
-        Err(failed) => {
-            let (learner, e) = *failed;
-            return (learner.model(), Some(e));
-        }
+        Err(e) => return RankEnd::failed(lock(&learner).model(), e),
     };
-    let outcome = rank.run();
-    let closed = rank.close();
-    let error = outcome.err().or(closed.err());
-    (rank.learner.model(), error)
+    let trained = rank.run();
+    match trained.and_then(|()| rank.finish()) {
+        Ok(end) => end,
+        Err(e) => RankEnd::failed(rank.current_model(), e),
+    }
+}
+
+impl<M> RankEnd<M> {
+    fn failed(own: M, error: StrategyError) -> Self {
+        Self {
+            own,
+            averaged: None,
+            ranks: None,
+            error: Some(error),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The `Learner`'s optimizer and learning-rate scheduler as the pipeline's inner optimizer
+/// (burn-train keeps both private to the `Learner`).
+struct LearnerOptimizer<M: LearnerModel> {
+    learner: Arc<Mutex<Learner<M>>>,
+}
+
+impl<M: LearnerModel> InnerOptimizer<M> for LearnerOptimizer<M> {
+    fn next_lr(&mut self) -> ModuleLearningRate {
+        let mut learner = lock(&self.learner);
+        learner.lr_step();
+        learner.lr_current()
+    }
+
+    fn step(&mut self, _lr: ModuleLearningRate, model: M, grads: GradientsParams) -> M {
+        // The learner steps at the rate `next_lr` just set: the same as `_lr`.
+        let mut learner = lock(&self.learner);
+        learner.load_model(model.into_record());
+        learner.optimizer_step(grads);
+        learner.model()
+    }
+}
+
+/// The model's `TrainStep` as the pipeline's forward/backward step. burn-train sums the
+/// gradients of accumulated micro-batches (its own `grads_accumulation`), so each pass's
+/// gradients are taken as they are; the items' outputs are kept for burn-train's metrics.
+struct LearnerStep<M: LearnerModel> {
+    outputs: Vec<<M as TrainStep>::Output>,
+}
+
+impl<M: LearnerModel> ForwardBackward<M, <M as TrainStep>::Input> for LearnerStep<M> {
+    fn forward_backward(
+        &mut self,
+        model: &M,
+        batch: <M as TrainStep>::Input,
+        _micro: MicroBatch,
+    ) -> Result<StepOutput, SourceError> {
+        let out = TrainStep::step(model, batch);
+        self.outputs.push(out.item);
+        Ok(StepOutput {
+            loss: None,
+            grads: out.grads,
+        })
+    }
+}
+
+/// This rank's shard of the training loader as a batch source: a read error or rank 0's
+/// interrupter ends the epoch (on every rank, through the has-data agreement), the error
+/// reported through the interrupter.
+struct LoaderSource<'a, I> {
+    iter: Box<dyn DataLoaderIterator<I> + 'a>,
+    interrupter: &'a Interrupter,
+    watch_interrupter: bool,
+}
+
+impl<I> BatchSource<I> for LoaderSource<'_, I> {
+    fn next_batch(&mut self) -> Result<Option<I>, SourceError> {
+        if self.watch_interrupter && self.interrupter.should_stop() {
+            return Ok(None);
+        }
+        match self.iter.next() {
+            Some(Ok(item)) => Ok(Some(item)),
+            Some(Err(e)) => {
+                self.interrupter.fail(e);
+                Ok(None)
+            }
+            None => Ok(None),
+        }
+    }
 }
 
 struct RankLoop<'a, 's, M: LearnerModel> {
@@ -76,134 +173,151 @@ struct RankLoop<'a, 's, M: LearnerModel> {
     group: Group,
     rank: usize,
     world: usize,
-    learner: Learner<M>,
-    sync: Option<(Box<dyn CommHook>, GradientReducer)>,
-    averager: Option<Box<dyn ModelAverager>>,
+    learner: Arc<Mutex<Learner<M>>>,
+    pipeline: Pipeline<M>,
+    /// The model between iterations (taken by each iteration; `None` only after one failed).
+    model: Option<M>,
     checkpointer: Option<LearningCheckpointer<M>>,
-    has_buffers: bool,
-    iterations: u64,
+    traffic_start: Traffic,
 }
 
 impl<'a, 's, M: LearnerModel> RankLoop<'a, 's, M> {
     fn new(
         shared: &'s Shared<'a, M>,
         group: Group,
-        learner: Learner<M>,
-    ) -> Result<Self, Box<(Learner<M>, String)>> {
-        let parts = match algorithm::build(shared.spec, &group) {
-            Ok(p) => p,
-            Err(e) => return Err(Box::new((learner, e.to_string()))),
-        };
+        learner: Arc<Mutex<Learner<M>>>,
+    ) -> Result<Self, StrategyError> {
+        let config = shared.config;
+        let parts = algorithm::build(&config.algorithm, &group)?;
         let rank = group.rank();
         let world = group.size();
+        let resuming = shared.starting_epoch > 1;
+        let options = PipelineOptions {
+            // The learner's scheduler sets every step's rate.
+            lr: 0.0,
+            clip_grad_norm: config.clip_grad_norm,
+            accumulate: shared.accumulation.max(1),
+            // burn-train's epochs end with validation and checkpoints: each epoch's last step
+            // takes the micro-batches left (Lightning's rule), none carries over.
+            accumulation: Accumulation::EpochEnd,
+            skip_non_finite: config.skip_non_finite,
+            metrics_every: 0,
+            checkpoint_every: 0,
+            broadcast_start: config.broadcast_start && !resuming,
+            buffers: config.buffers,
+        };
+        let optimizer = LearnerOptimizer {
+            learner: learner.clone(),
+        };
+        let mut pipeline =
+            Pipeline::with_inner_optimizer(group.clone(), Box::new(optimizer), options);
+        if let Some((hook, reducer)) = parts.sync {
+            pipeline = pipeline.with_gradient_sync(hook, reducer);
+        }
+        if let Some(averager) = parts.averager {
+            pipeline = pipeline.with_averager(averager);
+        }
         let checkpointer = match (rank, shared.state_dir) {
             (0, _) | (_, None) => None,
-            (r, Some(dir)) => Some(dir.checkpointer(r, shared.config.keep_rank_checkpoints)),
+            (r, Some(dir)) => Some(dir.checkpointer(r, config.keep_rank_checkpoints)),
         };
-        let has_buffers = !ParamSelection::buffers(&learner.model()).is_empty();
+        let model = lock(&learner).model();
+        let traffic_start = group.traffic();
         let mut this = Self {
             shared,
             group,
             rank,
             world,
             learner,
-            sync: parts.sync,
-            averager: parts.averager,
+            pipeline,
+            model: Some(model),
             checkpointer,
-            has_buffers,
-            iterations: 0,
+            traffic_start,
         };
-        let started = if shared.starting_epoch > 1 {
-            this.restore(shared.starting_epoch - 1)
-        } else if shared.config.broadcast_start {
-            this.start_broadcast()
-        } else {
-            Ok(())
-        };
-        match started {
-            Ok(()) => Ok(this),
-            Err(e) => Err(Box::new((this.learner, e))),
+        if resuming {
+            this.restore(shared.starting_epoch - 1)?;
         }
-    }
-
-    /// DDP's construction-time broadcast: every rank takes rank 0's parameters and buffers.
-    fn start_broadcast(&mut self) -> RankResult<()> {
-        let m = broadcast_in_group(
-            settle_if_buffers(self.learner.model()),
-            &ParamSelection::All,
-            &self.group,
-            0,
-        )
-        .map_err(text)?;
-        self.learner.load_model(m.into_record());
-        Ok(())
+        Ok(this)
     }
 
     /// Continue after `epoch`: the schedule from this rank's state file; for ranks other than 0
     /// the model, optimizer and scheduler from this rank's checkpoint (burn-train restored rank
     /// 0's before the strategy started).
-    fn restore(&mut self, epoch: usize) -> RankResult<()> {
+    fn restore(&mut self, epoch: usize) -> Result<(), StrategyError> {
         let dir = self.shared.state_dir.ok_or_else(|| {
-            format!(
+            StrategyError::Resume(format!(
                 "resuming after epoch {epoch} needs the strategy's directory \
                  (`LocalSgdStrategy::with_directory`, the directory given to SupervisedTraining)"
-            )
+            ))
         })?;
-        let state = dir.load(self.rank, epoch)?;
-        if state.world != self.world || state.algorithm != self.shared.spec.identity() {
-            return Err(format!(
-                "cannot resume: the checkpoint after epoch {epoch} was written by a run on {} \
-                 ranks with {}; this run has {} ranks with {}",
-                state.world,
-                state.algorithm,
-                self.world,
-                self.shared.spec.identity()
-            ));
+        let (state, pipeline_state) = dir.load(self.rank, epoch)?;
+        let identity = self.shared.config.algorithm.identity();
+        if state.world != self.world || state.algorithm != identity {
+            return Err(StrategyError::Resume(format!(
+                "the checkpoint after epoch {epoch} was written by a run on {} ranks with {}; \
+                 this run has {} ranks with {identity}",
+                state.world, state.algorithm, self.world,
+            )));
         }
-        if let (Some(a), Some(s)) = (&mut self.averager, &state.averager) {
-            a.load_state(s).map_err(text)?;
-        }
-        if let (Some((hook, _)), Some(s)) = (&mut self.sync, &state.hook) {
-            hook.load_state(s).map_err(text)?;
-        }
-        self.iterations = state.iterations;
         if let Some(c) = &self.checkpointer {
             let model = dir.model_path(self.rank, epoch);
             if !model.exists() {
-                return Err(format!(
+                return Err(StrategyError::Resume(format!(
                     "resuming after epoch {epoch} needs rank {}'s checkpoint {}; the strategy \
                      keeps the last `keep_rank_checkpoints` epochs",
                     self.rank,
                     model.display()
-                ));
+                )));
             }
-            self.learner = c.load_checkpoint(self.learner.clone(), epoch);
+            let mut learner = lock(&self.learner);
+            *learner = c.load_checkpoint(learner.clone(), epoch);
+            self.model = Some(learner.model());
         }
+        self.pipeline.restore(pipeline_state.into_restored())?;
         Ok(())
     }
 
     /// Rank 0's view of the interrupter, agreed by every rank (one 1-byte collective).
-    fn agree_to_continue(&self, rank0_wants: bool) -> RankResult<bool> {
+    fn agree_to_continue(&self, rank0_wants: bool) -> Result<bool, StrategyError> {
         let mine = self.rank != 0 || rank0_wants;
-        self.group.all_true(mine).map_err(text)
+        Ok(self.group.all_true(mine)?)
     }
 
     fn with_components<T>(&self, f: impl FnOnce(&mut TrainingComponents<M>) -> T) -> T {
-        let mut guard = match self.shared.components.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        f(&mut guard)
+        f(&mut lock(self.shared.components))
     }
 
-    fn run(&mut self) -> RankResult<()> {
+    /// The current model: the pipeline's, or the learner's if an iteration failed with it.
+    fn current_model(&self) -> M {
+        match &self.model {
+            Some(m) => m.clone(),
+            None => lock(&self.learner).model(),
+        }
+    }
+
+    /// Put the pipeline's model (averaged after the last step) into the learner, for
+    /// validation and checkpoints (buffers with the last forward's update).
+    fn sync_learner(&mut self) {
+        if let Some(m) = self.model.take() {
+            let m = settle_if_buffers(m);
+            lock(&self.learner).load_model(m.clone().into_record());
+            self.model = Some(m);
+        }
+    }
+
+    fn run(&mut self) -> Result<(), StrategyError> {
         let shared = self.shared;
-        let n = shared.train.num_items();
-        let shard = shared
-            .train
-            .slice(self.rank * n / self.world, (self.rank + 1) * n / self.world)
+        let n = shared.train_items;
+        let shard = lock(shared.shards)
+            .get_mut(self.rank)
+            .and_then(Option::take)
+            .ok_or_else(|| {
+                StrategyError::Config(format!("rank {}: no shard of the training data", self.rank))
+            })?
             .to_device(shared.device);
-        let valid = shared.valid.to_device(&shared.device.clone().inner());
+        // Only rank 0 validates (and forks the validation loader's generator).
+        let valid =
+            (self.rank == 0).then(|| shared.valid.to_device(&shared.device.clone().inner()));
         let interrupter = shared.interrupter;
         for epoch in shared.starting_epoch..=shared.num_epochs {
             if self.rank == 0 {
@@ -217,6 +331,20 @@ impl<'a, 's, M: LearnerModel> RankLoop<'a, 's, M> {
                 });
             }
             self.train_epoch(&*shard, n)?;
+            self.sync_learner();
+            if self.rank == 0 {
+                // burn-train's application logger (`experiment.log`) records tracing events.
+                let t = self.group.traffic() - self.traffic_start;
+                tracing::info!(
+                    epoch,
+                    collectives = t.collectives,
+                    bytes = t.bytes,
+                    data_bytes = t.data_bytes,
+                    "localsgd: rank 0 has sent {} bytes in {} collectives since the run started",
+                    t.bytes,
+                    t.collectives
+                );
+            }
             if self.rank == 0 {
                 self.with_components(|c| {
                     interrupter.fail_on_error(
@@ -228,8 +356,8 @@ impl<'a, 's, M: LearnerModel> RankLoop<'a, 's, M> {
             if !self.agree_to_continue(!interrupter.should_stop())? {
                 break;
             }
-            if self.rank == 0 {
-                self.validate(&*valid, epoch);
+            if let Some(valid) = &valid {
+                self.validate(&**valid, epoch);
             }
             if !self.agree_to_continue(!interrupter.should_stop())? {
                 break;
@@ -247,134 +375,72 @@ impl<'a, 's, M: LearnerModel> RankLoop<'a, 's, M> {
         Ok(())
     }
 
-    /// One pass over this rank's shard; every iteration is one optimizer step over
-    /// `accumulation` micro-batches. The epoch ends for every rank when any rank runs out of
-    /// batches (an incomplete accumulation is not stepped) or rank 0 is interrupted.
+    /// One pass over this rank's shard, one pipeline iteration per optimizer step; rank 0 feeds
+    /// each micro-batch's output to burn-train's event processor.
     fn train_epoch(
         &mut self,
-        shard: &dyn burn::data::dataloader::DataLoader<<M as burn_train::TrainStep>::Input>,
+        shard: &dyn DataLoader<<M as TrainStep>::Input>,
         total_items: usize,
-    ) -> RankResult<()> {
+    ) -> Result<(), StrategyError> {
         let shared = self.shared;
-        let k = shared.accumulation.max(1);
-        let mut iterator = shard.iter();
+        let mut source = LoaderSource {
+            iter: shard.iter(),
+            interrupter: shared.interrupter,
+            watch_interrupter: self.rank == 0,
+        };
+        let mut step = LearnerStep::<M> {
+            outputs: Vec::new(),
+        };
         let mut local_batches = 0usize;
         loop {
-            // FetchBatch
-            let mut items = Vec::with_capacity(k);
-            let mut data_error = None;
-            while items.len() < k {
-                match iterator.next() {
-                    Some(Ok(item)) => items.push(item),
-                    Some(Err(e)) => {
-                        data_error = Some(e);
-                        break;
-                    }
-                    None => break,
+            let model = self
+                .model
+                .take()
+                .unwrap_or_else(|| lock(&self.learner).model());
+            match self
+                .pipeline
+                .run_iteration_with(model, &mut source, &mut step)?
+            {
+                Outcome::Trained(m, _) => self.model = Some(m),
+                Outcome::EndOfData(m) => {
+                    self.model = Some(m);
+                    return Ok(());
                 }
             }
-            let failed = data_error.is_some();
-            if let Some(e) = data_error {
-                shared.interrupter.fail(e);
+            let outputs = std::mem::take(&mut step.outputs);
+            if self.rank != 0 {
+                continue;
             }
-            // AgreeHasData (with rank 0's interrupter)
-            let ready = items.len() == k && !failed;
-            let go = self
-                .group
-                .all_true(ready && (self.rank != 0 || !shared.interrupter.should_stop()))
-                .map_err(text)?;
-            if !go {
-                return Ok(());
-            }
-            if self.has_buffers && shared.config.buffers == BufferPolicy::Broadcast {
-                let m = broadcast_buffers(self.learner.model(), &self.group).map_err(text)?;
-                self.learner.load_model(m.into_record());
-            }
-            // ForwardBackward (the user's TrainStep; burn-train sums accumulated gradients)
-            let mut outputs = Vec::with_capacity(k);
-            let mut grads = if k == 1 {
-                let out = self.learner.train_step(items.remove(0));
-                outputs.push(out.item);
-                out.grads
-            } else {
-                let mut acc = GradientsAccumulator::<M>::new();
-                for item in items {
-                    let out = self.learner.train_step(item);
-                    acc.accumulate(&self.learner.model(), out.grads);
-                    outputs.push(out.item);
-                }
-                acc.grads()
+            // Rank 0's items, counted over all ranks as burn-train's DDP does.
+            let p = source.iter.progress();
+            let progress = Progress {
+                items_processed: (p.items_processed * self.world).min(total_items),
+                items_total: total_items,
+                unit: p.unit.clone(),
             };
-            // GradientSync
-            let model = self.learner.model();
-            if let Some((hook, reducer)) = &mut self.sync {
-                grads = reducer
-                    .start(&model, grads, &mut **hook)
-                    .map_err(text)?
-                    .wait_all(&model)
-                    .map_err(text)?;
-            }
-            // The averager averages the parameters that had a gradient this step.
-            let averaging = self.averager.as_ref().and_then(|a| a.scheduled_group());
-            let selection = match averaging {
-                Some(_) => ParamSelection::with_grads(&model, &grads),
-                None => ParamSelection::ids(std::iter::empty()),
-            };
-            // OptimizerStep
-            self.learner.lr_step();
-            self.learner.optimizer_step(grads);
-            // ModelAveraging
-            if let Some(averager) = &mut self.averager {
-                let m = averager
-                    .average_parameters(self.learner.model(), &selection)
-                    .map_err(text)?;
-                if let Some(group) = averaging {
-                    let m = match shared.config.buffers {
-                        BufferPolicy::Average if self.has_buffers => {
-                            average_buffers(m, &group).map_err(text)?
-                        }
-                        _ => m,
-                    };
-                    self.learner.load_model(m.into_record());
+            let lr = lock(&self.learner).lr_current();
+            self.with_components(|c| {
+                for item in outputs {
+                    local_batches += 1;
+                    let item = TrainingItem::new(
+                        item,
+                        progress.clone(),
+                        Some(local_batches * self.world),
+                        Some(lr.clone()),
+                    );
+                    shared.interrupter.fail_on_error(
+                        c.event_processor
+                            .process_train(LearnerEvent::ProcessedItem(item)),
+                    );
                 }
-            }
-            self.iterations += 1;
-            // Metrics: rank 0's items, counted over all ranks as burn-train's DDP does.
-            if self.rank == 0 {
-                let p = iterator.progress();
-                let progress = Progress {
-                    items_processed: (p.items_processed * self.world).min(total_items),
-                    items_total: total_items,
-                    unit: p.unit.clone(),
-                };
-                let lr = self.learner.lr_current();
-                self.with_components(|c| {
-                    for item in outputs {
-                        local_batches += 1;
-                        let item = TrainingItem::new(
-                            item,
-                            progress.clone(),
-                            Some(local_batches * self.world),
-                            Some(lr.clone()),
-                        );
-                        shared.interrupter.fail_on_error(
-                            c.event_processor
-                                .process_train(LearnerEvent::ProcessedItem(item)),
-                        );
-                    }
-                });
-            }
+            });
         }
     }
 
     /// Rank 0 validates its own model on the whole validation set (burn-train's loop).
-    fn validate(
-        &self,
-        valid: &dyn burn::data::dataloader::DataLoader<<M as InferenceStep>::Input>,
-        epoch: usize,
-    ) {
+    fn validate(&self, valid: &dyn DataLoader<<M as InferenceStep>::Input>, epoch: usize) {
         let interrupter = self.shared.interrupter;
-        let model = self.learner.model().valid();
+        let model = self.current_model().valid();
         self.with_components(|c| {
             let p = &mut c.event_processor;
             interrupter.fail_on_error(p.process_valid(LearnerEvent::StartSplit {
@@ -409,46 +475,65 @@ impl<'a, 's, M: LearnerModel> RankLoop<'a, 's, M> {
     }
 
     /// Rank 0 through burn-train's checkpointer, the other ranks through their own; every rank
-    /// writes its schedule state beside them.
-    fn checkpoint(&mut self, epoch: usize) -> RankResult<()> {
-        if self.has_buffers {
-            let m = settle_if_buffers(self.learner.model());
-            self.learner.load_model(m.into_record());
-        }
-        if self.rank == 0 {
-            let learner = &self.learner;
-            self.with_components(|c| {
-                if let Some(ckpt) = &mut c.checkpointer {
-                    ckpt.checkpoint(learner, epoch, &c.event_store);
-                }
-            });
-        } else if let Some(ckpt) = &mut self.checkpointer {
-            ckpt.checkpoint(&self.learner, epoch, self.shared.event_store);
+    /// writes the pipeline's state beside them (an overlapped average or a Streaming DiLoCo
+    /// fragment in flight completes its collective, and stays pending).
+    fn checkpoint(&mut self, epoch: usize) -> Result<(), StrategyError> {
+        self.sync_learner();
+        {
+            let learner = lock(&self.learner);
+            if self.rank == 0 {
+                self.with_components(|c| {
+                    if let Some(ckpt) = &mut c.checkpointer {
+                        ckpt.checkpoint(&learner, epoch, &c.event_store);
+                    }
+                });
+            } else if let Some(ckpt) = &mut self.checkpointer {
+                ckpt.checkpoint(&learner, epoch, self.shared.event_store);
+            }
         }
         if let Some(dir) = self.shared.state_dir {
+            let pipeline = PipelineState::capture(&mut self.pipeline)?;
             let state = RankState {
                 rank: self.rank,
                 world: self.world,
-                algorithm: self.shared.spec.identity(),
-                iterations: self.iterations,
-                averager: self.averager.as_ref().map(|a| a.state()),
-                hook: self.sync.as_ref().map(|(h, _)| h.state()),
+                algorithm: self.shared.config.algorithm.identity(),
+                iterations: pipeline.iterations_done,
             };
-            dir.save(&state, epoch, self.shared.config.keep_rank_checkpoints)?;
+            dir.save(
+                &state,
+                &pipeline,
+                epoch,
+                self.shared.config.keep_rank_checkpoints,
+            )?;
         }
         Ok(())
     }
 
-    /// Finish the reducer (a non-blocking helper communicator, if any).
-    fn close(&mut self) -> RankResult<()> {
-        if let Some((_, reducer)) = &mut self.sync {
-            reducer.close().map_err(text)?;
-        }
-        Ok(())
+    /// After the last epoch: a pending overlapped average applied, the helper communicator
+    /// closed, the world average of the final models and every rank's counters (collective).
+    fn finish(&mut self) -> Result<RankEnd<M>, StrategyError> {
+        let model = self.current_model();
+        let own = self.pipeline.finish(model)?;
+        lock(&self.learner).load_model(own.clone().into_record());
+        self.model = Some(own.clone());
+        let traffic = self.group.traffic() - self.traffic_start;
+        let averaged = match self.shared.config.algorithm.kind {
+            // DDP's replicas are equal: their mean is any of them.
+            AlgorithmKind::Ddp => own.clone(),
+            _ => self.pipeline.world_average(own.clone())?,
+        };
+        let mine = RankReport {
+            rank: self.rank,
+            iterations: self.pipeline.iteration(),
+            skipped_steps: self.pipeline.skipped_steps(),
+            traffic,
+        };
+        let ranks = RankReport::gather(&self.group, &mine)?;
+        Ok(RankEnd {
+            own,
+            averaged: Some(averaged),
+            ranks: Some(ranks),
+            error: None,
+        })
     }
-}
-
-/// The directory a strategy keeps its files in, if any.
-pub(crate) fn state_dir(directory: Option<&Path>) -> Option<StateDir> {
-    directory.map(StateDir::new)
 }

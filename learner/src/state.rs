@@ -1,17 +1,28 @@
-//! What a rank saves beside burn-train's checkpoints so a resumed run continues the schedule
-//! exactly: the optimizer steps taken, the averager's and the hook's state (one small JSON file
-//! per rank and epoch), and for ranks other than 0 (whose replicas differ from rank 0's between
-//! averages) the model, optimizer and scheduler records in burn-train's own format.
+//! What a rank saves beside burn-train's checkpoints so a resumed run continues exactly: per
+//! rank and epoch, what the run was (a small JSON file) and the pipeline's own state (the
+//! library's [`PipelineState`]: steps taken, the averager's and the hook's state, an overlapped
+//! average in flight, the outer optimizer's `θ` and momentum), and for ranks other than 0
+//! (whose replicas differ from rank 0's between averages) the model, optimizer and scheduler
+//! records in burn-train's own format.
 
 use std::path::{Path, PathBuf};
 
 use burn_train::checkpoint::{AsyncCheckpointer, FileCheckpointer, KeepLastNCheckpoints};
 use burn_train::{LearnerModel, LearningCheckpointer};
-use localsgd_averagers::AveragerState;
-use localsgd_hooks::HookState;
+use localsgd_pipeline::checkpoint::PipelineState;
 use serde::{Deserialize, Serialize};
 
-/// One rank's schedule at the end of an epoch.
+use crate::error::StrategyError;
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StrategyError + '_ {
+    move |source| StrategyError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// What run a rank's state belongs to, at the end of an epoch (a resume with other settings
+/// is refused).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RankState {
     /// The rank.
@@ -20,12 +31,8 @@ pub struct RankState {
     pub world: usize,
     /// The algorithm's identity (refuses resuming with other settings).
     pub algorithm: String,
-    /// Optimizer steps taken so far.
+    /// Optimizer steps taken so far (the pipeline state file holds the rest).
     pub iterations: u64,
-    /// The averager's state, if the algorithm averages.
-    pub averager: Option<AveragerState>,
-    /// The gradient hook's state, if the algorithm syncs gradients.
-    pub hook: Option<HookState>,
 }
 
 /// Where the strategy keeps its files: `<directory>/checkpoint/localsgd/`.
@@ -69,36 +76,75 @@ impl StateDir {
         )
     }
 
-    /// Write `state` for `epoch` (complete or not at all: a temporary file renamed), and remove
-    /// this rank's state of epoch `epoch - keep`.
-    pub(crate) fn save(&self, state: &RankState, epoch: usize, keep: usize) -> Result<(), String> {
-        std::fs::create_dir_all(&self.root)
-            .map_err(|e| format!("creating {}: {e}", self.root.display()))?;
+    /// The pipeline state a rank writes for `epoch`.
+    pub(crate) fn pipeline_path(&self, rank: usize, epoch: usize) -> PathBuf {
+        self.root
+            .join(format!("rank-{rank}-epoch-{epoch}.pipeline"))
+    }
+
+    /// Write `state` and `pipeline` for `epoch` (each complete or not at all: a temporary file
+    /// renamed; the pipeline state first, so a state file always has its pipeline state), and
+    /// remove this rank's files of epoch `epoch - keep`.
+    pub(crate) fn save(
+        &self,
+        state: &RankState,
+        pipeline: &PipelineState,
+        epoch: usize,
+        keep: usize,
+    ) -> Result<(), StrategyError> {
+        std::fs::create_dir_all(&self.root).map_err(io(&self.root))?;
+        let bytes = pipeline.to_bytes()?;
+        write_renamed(&self.pipeline_path(state.rank, epoch), &bytes)?;
         let path = self.state_path(state.rank, epoch);
-        let tmp = path.with_extension("json.tmp");
-        let json = serde_json::to_string_pretty(state).map_err(|e| e.to_string())?;
-        std::fs::write(&tmp, json).map_err(|e| format!("writing {}: {e}", tmp.display()))?;
-        std::fs::rename(&tmp, &path).map_err(|e| format!("writing {}: {e}", path.display()))?;
+        let json = serde_json::to_string_pretty(state).map_err(|e| StrategyError::State {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+        write_renamed(&path, json.as_bytes())?;
         if let Some(old) = epoch.checked_sub(keep) {
-            let old = self.state_path(state.rank, old);
-            if old.exists() {
-                std::fs::remove_file(&old)
-                    .map_err(|e| format!("removing {}: {e}", old.display()))?;
+            for old in [
+                self.state_path(state.rank, old),
+                self.pipeline_path(state.rank, old),
+            ] {
+                if old.exists() {
+                    std::fs::remove_file(&old).map_err(io(&old))?;
+                }
             }
         }
         Ok(())
     }
 
-    /// Read rank `rank`'s state of `epoch`.
-    pub(crate) fn load(&self, rank: usize, epoch: usize) -> Result<RankState, String> {
-        let path = self.state_path(rank, epoch);
-        let text = std::fs::read_to_string(&path).map_err(|e| {
-            format!(
+    /// Read rank `rank`'s state and pipeline state of `epoch`.
+    pub(crate) fn load(
+        &self,
+        rank: usize,
+        epoch: usize,
+    ) -> Result<(RankState, PipelineState), StrategyError> {
+        let missing = |path: &Path, e: std::io::Error| {
+            StrategyError::Resume(format!(
                 "resuming after epoch {epoch} needs {} ({e}); the strategy keeps the last \
                  `keep_rank_checkpoints` epochs",
                 path.display()
-            )
+            ))
+        };
+        let path = self.state_path(rank, epoch);
+        let text = std::fs::read_to_string(&path).map_err(|e| missing(&path, e))?;
+        let state = serde_json::from_str(&text).map_err(|e| StrategyError::State {
+            path,
+            reason: e.to_string(),
         })?;
-        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+        let path = self.pipeline_path(rank, epoch);
+        let bytes = std::fs::read(&path).map_err(|e| missing(&path, e))?;
+        let pipeline = PipelineState::from_bytes(&path, &bytes)?;
+        Ok((state, pipeline))
     }
+}
+
+/// Write `bytes` to `path` through a temporary file renamed over it.
+fn write_renamed(path: &Path, bytes: &[u8]) -> Result<(), StrategyError> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    std::fs::write(&tmp, bytes).map_err(io(&tmp))?;
+    std::fs::rename(&tmp, path).map_err(io(path))
 }

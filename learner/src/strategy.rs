@@ -1,7 +1,8 @@
 //! [`LocalSgdStrategy`]: the `SupervisedLearningStrategy` that runs the ranks.
 
+use std::any::Any;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use burn::tensor::Device;
 use burn_train::train::WorkerFailure;
@@ -11,38 +12,60 @@ use burn_train::{
 };
 use localsgd_comm::{Group, ThreadWorld};
 
-use crate::config::{StrategyConfig, StrategyError};
-use crate::rank::{Shared, run_rank, state_dir};
+use crate::config::StrategyConfig;
+use crate::error::StrategyError;
+use crate::rank::{RankEnd, Shared, run_rank};
+use crate::report::StrategyReport;
+use crate::state::StateDir;
 
-/// Post-local SGD, local SGD, hierarchical averaging or DDP for burn-train's
-/// `SupervisedTraining`: pass it as `TrainingStrategy::Custom(Arc::new(strategy))`.
+/// Every algorithm of the localsgd pipeline (DDP, local SGD, post-local SGD, hierarchical
+/// averaging, DiLoCo, Streaming DiLoCo, SlowMo, with overlap, compression and pipelined
+/// buckets) for burn-train's `SupervisedTraining`: pass it as
+/// `TrainingStrategy::Custom(Arc::new(strategy))`.
 ///
 /// By default the ranks are `workers` threads of this process (each with a fork of the
 /// `Learner`, on `device`); [`LocalSgdStrategy::with_group`] runs one rank per process instead
 /// (MPI, NCCL). Each rank trains on its contiguous share of the training loader's items (burn's
-/// `DataLoader::slice`, as burn-train's own multi-device strategies split data). Rank 0 feeds
-/// burn-train's metrics and renderer, validates its own model and checkpoints; every stop
-/// (interrupter, early stopping, end of a rank's data) is agreed by all ranks, so none is left
-/// waiting in a collective.
+/// `DataLoader::slice`, as burn-train's own multi-device strategies split data), every
+/// iteration through the same [`Pipeline`](localsgd_pipeline::pipeline::Pipeline) as the
+/// `localsgd` binary. Rank 0 feeds burn-train's metrics and renderer, validates and
+/// checkpoints; every stop (interrupter, early stopping, end of a rank's data) is agreed by all
+/// ranks, so none is left waiting in a collective.
+///
+/// The model `fit` returns is the world average of the ranks' final models (DDP: the replicas,
+/// which are equal); [`rank_models`](Self::rank_models) gives each rank's own, and
+/// [`report`](Self::report) the steps and traffic of every rank. Keep an `Arc` of the strategy
+/// to read them after `launch`.
 #[derive(Debug, Clone)]
 pub struct LocalSgdStrategy {
     config: StrategyConfig,
     device: Device,
     group: Option<Group>,
     directory: Option<PathBuf>,
+    last: Arc<Mutex<Option<LastRun>>>,
+}
+
+/// What the last `fit` left behind.
+struct LastRun {
+    report: Option<StrategyReport>,
+    /// This process's ranks' own final models (`Vec<M>`, boxed: the strategy is not generic).
+    models: Box<dyn Any + Send>,
+}
+
+impl std::fmt::Debug for LastRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LastRun")
+            .field("report", &self.report)
+            .finish_non_exhaustive()
+    }
 }
 
 impl LocalSgdStrategy {
     /// `config.workers` thread ranks on `device` (made an autodiff device if it is not one).
     /// Fails on settings the semantics refuse, before anything trains.
     pub fn new(config: StrategyConfig, device: Device) -> Result<Self, StrategyError> {
-        config.spec(config.workers)?;
-        Ok(Self {
-            config,
-            device: autodiff(device),
-            group: None,
-            directory: None,
-        })
+        config.validate(config.workers)?;
+        Ok(Self::with(config, device, None))
     }
 
     /// This process is one rank of `group` (every rank runs the same `SupervisedTraining` with
@@ -52,13 +75,18 @@ impl LocalSgdStrategy {
         group: Group,
         device: Device,
     ) -> Result<Self, StrategyError> {
-        config.spec(group.size())?;
-        Ok(Self {
+        config.validate(group.size())?;
+        Ok(Self::with(config, device, Some(group)))
+    }
+
+    fn with(config: StrategyConfig, device: Device, group: Option<Group>) -> Self {
+        Self {
             config,
             device: autodiff(device),
-            group: Some(group),
+            group,
             directory: None,
-        })
+            last: Arc::new(Mutex::new(None)),
+        }
     }
 
     /// Keep the strategy's resume state in `directory` (give it the directory passed to
@@ -73,6 +101,27 @@ impl LocalSgdStrategy {
     /// The settings.
     pub fn config(&self) -> &StrategyConfig {
         &self.config
+    }
+
+    /// Steps and traffic of every rank in the last `fit` (`None` before one, or when it failed
+    /// before the ranks could gather them).
+    pub fn report(&self) -> Option<StrategyReport> {
+        self.last
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .and_then(|l| l.report.clone())
+    }
+
+    /// Each rank's own final model of the last `fit`, in rank order: every rank's with thread
+    /// ranks, this process's one with [`with_group`](Self::with_group). `None` before a `fit`
+    /// or when `M` is not the model type that was trained.
+    pub fn rank_models<M: LearnerModel>(&self) -> Option<Vec<M>> {
+        self.last
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .and_then(|l| l.models.downcast_ref::<Vec<M>>().cloned())
     }
 }
 
@@ -102,21 +151,26 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for LocalSgdStrategy {
             .group
             .as_ref()
             .map_or(self.config.workers, |g| g.size());
-        let spec = match self.config.spec(world) {
-            Ok(spec) => spec,
-            Err(e) => {
-                interrupter.fail(failure(0, e.to_string()));
-                return (fallback, components.event_processor);
-            }
-        };
-        let dir = state_dir(self.directory.as_deref());
+        if let Err(e) = self.config.validate(world) {
+            interrupter.fail(failure(0, &e));
+            return (fallback, components.event_processor);
+        }
+        let dir = self.directory.as_deref().map(StateDir::new);
         let components = Mutex::new(components);
+        // Every rank's share, sliced here in rank order whether the ranks are threads or
+        // processes: a slice forks the loader's shuffling generator, so the shards shuffle the
+        // same way in every run and on every backend.
+        let n = dataloader_train.num_items();
+        let shards: Vec<Option<TrainLoader<M>>> = (0..world)
+            .map(|r| Some(dataloader_train.slice(r * n / world, (r + 1) * n / world)))
+            .collect();
+        let shards = Mutex::new(shards);
         let shared = Shared {
             config: &self.config,
-            spec: &spec,
             device: &self.device,
             state_dir: dir.as_ref(),
-            train: &dataloader_train,
+            train_items: n,
+            shards: &shards,
             valid: &dataloader_valid,
             num_epochs,
             starting_epoch,
@@ -125,17 +179,11 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for LocalSgdStrategy {
             event_store: &event_store,
             components: &components,
         };
-        let model = match &self.group {
-            Some(group) => {
-                let rank = group.rank();
-                let (model, error) = run_rank(&shared, group.clone(), learner);
-                if let Some(e) = error {
-                    interrupter.fail(failure(rank, e));
-                }
-                model
-            }
-            None => self.run_threads(&shared, learner, fallback),
+        let ends = match &self.group {
+            Some(group) => vec![run_rank(&shared, group.clone(), learner)],
+            None => self.run_threads(&shared, learner),
         };
+        let model = self.keep(ends, fallback, &interrupter);
         let processor = match components.into_inner() {
             Ok(c) => c.event_processor,
             Err(poisoned) => poisoned.into_inner().event_processor,
@@ -145,72 +193,97 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for LocalSgdStrategy {
 }
 
 impl LocalSgdStrategy {
-    /// The thread ranks; rank 0's final model. A failed rank is reported through the
-    /// interrupter, the root cause (not a peer's "rank N failed") first.
+    /// The thread ranks' ends, in rank order.
     fn run_threads<M: LearnerModel>(
         &self,
         shared: &Shared<'_, M>,
         learner: Learner<M>,
-        fallback: M,
-    ) -> M {
+    ) -> Vec<RankEnd<M>> {
+        // The model a rank that never started reports (behind a lock: the ranks' closure is
+        // shared by their threads).
+        let spare = Mutex::new(learner.model());
+        let failed = |e: StrategyError| RankEnd {
+            own: spare.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            averaged: None,
+            ranks: None,
+            error: Some(e),
+        };
         let world = match ThreadWorld::new(self.config.workers) {
             Ok(w) => w.with_timeout(self.config.timeout),
-            Err(e) => {
-                shared.interrupter.fail(failure(0, e.to_string()));
-                return fallback;
-            }
+            Err(e) => return vec![failed(e.into())],
         };
         // One fork of the learner per rank, taken by its thread.
         let learners: Vec<Mutex<Option<Learner<M>>>> = (0..self.config.workers)
             .map(|_| Mutex::new(Some(learner.clone())))
             .collect();
-        let spare = Mutex::new(fallback);
         let results = world.run(|group| {
             let rank = group.rank();
             let taken = learners[rank].lock().ok().and_then(|mut l| l.take());
             match taken {
                 Some(learner) => run_rank(shared, group, learner),
-                None => {
-                    let model = match spare.lock() {
-                        Ok(m) => m.clone(),
-                        Err(poisoned) => poisoned.into_inner().clone(),
-                    };
-                    (model, Some(format!("rank {rank}: no learner")))
-                }
+                None => failed(StrategyError::Config(format!("rank {rank}: no learner"))),
             }
         });
         match results {
-            Ok(results) => {
-                let failures: Vec<WorkerFailure> = results
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(rank, (_, e))| {
-                        e.as_ref().map(|message| WorkerFailure {
-                            device_id: rank,
-                            message: message.clone(),
-                        })
-                    })
-                    .collect();
-                if !failures.is_empty() {
-                    shared.interrupter.fail(TrainingError::Workers(failures));
-                }
-                let fallback = spare.into_inner().unwrap_or_else(|p| p.into_inner());
-                results.into_iter().next().map_or(fallback, |(m, _)| m)
-            }
+            Ok(ends) => ends,
             Err(panicked) => {
-                shared.interrupter.fail(failure(
-                    panicked.rank,
-                    format!("panicked: {}", panicked.message),
-                ));
-                spare.into_inner().unwrap_or_else(|p| p.into_inner())
+                let mut ends: Vec<RankEnd<M>> = Vec::new();
+                for rank in 0..self.config.workers {
+                    let message = if rank == panicked.rank {
+                        panicked.message.clone()
+                    } else {
+                        format!("rank {} panicked", panicked.rank)
+                    };
+                    ends.push(failed(StrategyError::Panicked(message)));
+                }
+                ends
             }
         }
     }
+
+    /// Report the ranks' failures through the interrupter (root causes, not a peer's "rank N
+    /// failed", first), remember the report and the ranks' own models, and return the model
+    /// `fit` hands back: the world average, or the first rank's own after a failure.
+    fn keep<M: LearnerModel>(
+        &self,
+        ends: Vec<RankEnd<M>>,
+        fallback: M,
+        interrupter: &burn_train::Interrupter,
+    ) -> M {
+        let first_rank = self.group.as_ref().map_or(0, |g| g.rank());
+        let failures: Vec<WorkerFailure> = ends
+            .iter()
+            .enumerate()
+            .filter_map(|(i, end)| {
+                end.error.as_ref().map(|e| WorkerFailure {
+                    device_id: first_rank + i,
+                    message: e.to_string(),
+                })
+            })
+            .collect();
+        if !failures.is_empty() {
+            interrupter.fail(TrainingError::Workers(failures));
+        }
+        let report = ends
+            .first()
+            .and_then(|e| e.ranks.clone())
+            .map(|ranks| StrategyReport { ranks });
+        let model = ends
+            .first()
+            .map(|e| e.averaged.clone().unwrap_or_else(|| e.own.clone()))
+            .unwrap_or(fallback);
+        let models: Vec<M> = ends.into_iter().map(|e| e.own).collect();
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(LastRun {
+            report,
+            models: Box::new(models),
+        });
+        model
+    }
 }
 
-fn failure(rank: usize, message: String) -> TrainingError {
+fn failure(rank: usize, error: &StrategyError) -> TrainingError {
     TrainingError::Workers(vec![WorkerFailure {
         device_id: rank,
-        message,
+        message: error.to_string(),
     }])
 }

@@ -7,7 +7,7 @@ use crate::settings::{
 };
 use localsgd_averagers::{
     HierarchicalModelAverager, Level, ModelAverager, OuterAverager, OuterOptimizer,
-    PeriodicModelAverager, validate_levels,
+    PeriodicModelAverager, SlowMoConfig, StreamingConfig, validate_levels,
 };
 use localsgd_comm::Group;
 use localsgd_hooks::{
@@ -44,6 +44,89 @@ pub struct AlgorithmSpec {
 }
 
 impl AlgorithmSpec {
+    /// DDP: every gradient all-reduced every step, no averaging (PyTorch's
+    /// `DistributedDataParallel`).
+    pub fn ddp() -> Self {
+        Self::default()
+    }
+
+    /// Local SGD: no gradient communication; the models averaged every `period` steps.
+    pub fn local_sgd(period: u64) -> Self {
+        Self {
+            kind: AlgorithmKind::LocalSgd,
+            period: Some(period),
+            ..Self::default()
+        }
+    }
+
+    /// Post-local SGD: gradient all-reduce for `warmup` steps, then local steps with the
+    /// models averaged every `period` steps (Lightning's `DDPStrategy(ddp_comm_state=
+    /// PostLocalSGDState(start_localSGD_iter=warmup, ..), model_averaging_period=period)`).
+    pub fn post_local_sgd(warmup: u64, period: u64) -> Self {
+        Self {
+            kind: AlgorithmKind::PostLocalSgd,
+            warmup,
+            period: Some(period),
+            ..Self::default()
+        }
+    }
+
+    /// Hierarchical averaging after a post-local SGD warmup: each level averages its groups of
+    /// `group_size` ranks every `period` steps (e.g. `"2:2,4:4".parse()?`).
+    pub fn hierarchical(warmup: u64, levels: Levels) -> Self {
+        Self {
+            kind: AlgorithmKind::Hierarchical,
+            warmup,
+            levels: levels.0,
+            ..Self::default()
+        }
+    }
+
+    /// DiLoCo: every `period` local steps an outer Nesterov SGD step (lr 0.7, momentum 0.9,
+    /// the paper's, OpenDiLoCo's and torchft's) on the global model, with the mean of the
+    /// replicas' displacements as gradient.
+    pub fn diloco(period: u64) -> Self {
+        Self {
+            kind: AlgorithmKind::Diloco,
+            period: Some(period),
+            outer: Some(OuterSettings::diloco()),
+            ..Self::default()
+        }
+    }
+
+    /// Streaming DiLoCo (torchft's `DiLoCo` with fragments): DiLoCo's outer step taken by
+    /// `fragments` fragments in turn, one every `period / fragments` local steps, no delay and
+    /// no mixing (set them in `outer.streaming`).
+    pub fn streaming_diloco(period: u64, fragments: usize) -> Self {
+        let mut outer = OuterSettings::diloco();
+        outer.streaming = Some(StreamingConfig::new(period, fragments));
+        Self {
+            kind: AlgorithmKind::StreamingDiloco,
+            period: Some(period),
+            outer: Some(outer),
+            ..Self::default()
+        }
+    }
+
+    /// SlowMo (fairscale's `SlowMoDistributedDataParallel` arithmetic, slow learning rate 1,
+    /// slow momentum 0.5): the models averaged every `localsgd_frequency` local steps, the
+    /// slow momentum step every `slowmo_frequency` (fairscale's defaults: 3 and 48).
+    pub fn slowmo(localsgd_frequency: u64, slowmo_frequency: u64) -> Self {
+        Self {
+            kind: AlgorithmKind::Slowmo,
+            period: Some(localsgd_frequency),
+            outer: Some(OuterSettings::slowmo(slowmo_frequency)),
+            ..Self::default()
+        }
+    }
+
+    /// These settings with `warmup` synchronous steps first (the post-local SGD hook's
+    /// `start_localSGD_iter`, the averagers' `warmup_steps`).
+    pub fn with_warmup(mut self, warmup: u64) -> Self {
+        self.warmup = warmup;
+        self
+    }
+
     /// Check every rule these settings must follow on `world` ranks, before any rank
     /// communicates: the one place the algorithm rules live (the `localsgd` binary's
     /// configuration and the burn-train strategy call it). The error names the setting as the
@@ -61,6 +144,64 @@ impl AlgorithmSpec {
             self.kind,
             AlgorithmKind::LocalSgd | AlgorithmKind::PostLocalSgd
         );
+        if self.kind.is_outer() && self.outer.is_none() {
+            return Err(SettingError::new(
+                "outer",
+                "unset",
+                format!(
+                    "`{}` takes outer-optimizer steps: give its outer settings (e.g. \
+                     `AlgorithmSpec::{}(period)` fills in the defaults)",
+                    self.kind.name(),
+                    match self.kind {
+                        AlgorithmKind::StreamingDiloco => "streaming_diloco",
+                        AlgorithmKind::Slowmo => "slowmo",
+                        _ => "diloco",
+                    }
+                ),
+            ));
+        }
+        // Settings that would do nothing for this algorithm are refused, not ignored.
+        if let Some(p) = self.period
+            && matches!(self.kind, AlgorithmKind::Ddp | AlgorithmKind::Hierarchical)
+        {
+            return Err(SettingError::new(
+                "period",
+                p,
+                format!(
+                    "unset: `{}` {}",
+                    self.kind.name(),
+                    if self.kind == AlgorithmKind::Ddp {
+                        "all-reduces the gradients every step and never averages models"
+                    } else {
+                        "averages on the periods of its `levels`"
+                    }
+                ),
+            ));
+        }
+        if !self.levels.is_empty()
+            && matches!(
+                self.kind,
+                AlgorithmKind::Ddp
+                    | AlgorithmKind::LocalSgd
+                    | AlgorithmKind::PostLocalSgd
+                    | AlgorithmKind::StreamingDiloco
+            )
+        {
+            return Err(SettingError::new(
+                "levels",
+                format!("{:?}", Levels::from(self.levels.clone()).to_string()),
+                format!(
+                    "\"\": levels are hierarchical averaging's (`hierarchical`, and the lower \
+                     levels of `diloco` and `slowmo`); `{}` {}",
+                    self.kind.name(),
+                    match self.kind {
+                        AlgorithmKind::Ddp => "never averages models",
+                        AlgorithmKind::StreamingDiloco => "has its own schedule of fragments",
+                        _ => "averages the whole world every `period` steps",
+                    }
+                ),
+            ));
+        }
         let outer_levels = self.kind.is_outer() && !self.levels.is_empty();
         let needs_period = averages || (self.kind.is_outer() && !outer_levels);
         let period = match self.period {
@@ -177,8 +318,14 @@ impl AlgorithmSpec {
                     ),
                     None => String::new(),
                 };
+                // Only a slow-step frequency other than the period changes the schedule (and
+                // only it is written, so checkpoints of earlier runs keep their identity).
+                let slowmo_frequency = match o.slowmo_frequency {
+                    Some(f) if Some(f) != self.period => format!(" slowmo_frequency={f}"),
+                    _ => String::new(),
+                };
                 format!(
-                    " outer={:?} reduce={:?}{compression}{streaming}",
+                    " outer={:?} reduce={:?}{compression}{streaming}{slowmo_frequency}",
                     o.optimizer, o.reduce
                 )
             }
@@ -330,6 +477,16 @@ pub fn build(spec: &AlgorithmSpec, world: &Group) -> Result<AlgorithmParts, Pipe
                     ));
                 };
                 OuterAverager::streaming(streaming, warmup_iters, sgd, world.clone())?
+            } else if let (OuterOptimizer::SlowMo { lr, momentum }, Some(frequency), true) = (
+                outer.optimizer,
+                outer.slowmo_frequency.filter(|&f| f != period),
+                spec.levels.is_empty(),
+            ) {
+                // A slow step every `frequency` steps, plain averages every `period` between.
+                let config = SlowMoConfig::new(period, frequency)
+                    .with_lr(lr)
+                    .with_momentum(momentum);
+                OuterAverager::slowmo(config, warmup_iters, world.clone())?
             } else if spec.levels.is_empty() {
                 OuterAverager::periodic(period, warmup_iters, outer.optimizer, world.clone())?
             } else {

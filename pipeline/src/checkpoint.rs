@@ -1,16 +1,94 @@
-//! Checkpoints: everything needed to continue a run exactly, written atomically.
+//! Checkpoints: everything needed to continue a run exactly, written atomically, for any burn
+//! [`Module`].
+//!
+//! A loop gets them in one call each through [`Checkpoints`] (the run directory and the
+//! [`RunIdentity`] every checkpoint records): [`Checkpoints::checkpointer`] for
+//! [`Pipeline::with_checkpointer`](crate::pipeline::Pipeline::with_checkpointer) (the checkpoint
+//! phase, every `checkpoint_every` iterations), [`Checkpoints::save_final`] (or
+//! [`save_state`](Checkpoints::save_state)) after the last iteration, and
+//! [`Checkpoints::resume`] into a fresh model and pipeline. Saves are collective: every rank
+//! writes its own file between barriers. [`RankCheckpoint`] and [`CheckpointDir`] are the file
+//! format and the directory underneath.
+//!
+//! ```
+//! use burn::module::{Module, Param};
+//! use burn::optim::SgdConfig;
+//! use burn::tensor::{Device, Tensor};
+//! use localsgd_comm::ThreadWorld;
+//! use localsgd_pipeline::algorithm::{AlgorithmSpec, build};
+//! use localsgd_pipeline::checkpoint::{CheckpointError, Checkpoints, Publish, RunIdentity};
+//! use localsgd_pipeline::pipeline::{IterSource, Outcome, Pipeline, PipelineOptions};
+//! use localsgd_pipeline::settings::AlgorithmKind;
+//!
+//! #[derive(Module, Debug)]
+//! struct Scale {
+//!     w: Param<Tensor<1>>,
+//! }
+//!
+//! let run_dir = std::env::temp_dir().join(format!("localsgd-checkpoint-doc-{}", std::process::id()));
+//! let spec = AlgorithmSpec {
+//!     kind: AlgorithmKind::LocalSgd,
+//!     period: Some(2),
+//!     ..AlgorithmSpec::default()
+//! };
+//! // Train the run to `steps` iterations on 2 ranks, from its latest checkpoint if it has one:
+//! // every rank's (iteration resumed from, iterations done).
+//! let train = |steps: u64| -> Result<Vec<(u64, u64)>, Box<dyn std::error::Error>> {
+//!     Ok(ThreadWorld::new(2)?.run(|world| {
+//!         let device = Device::flex().autodiff();
+//!         let identity = RunIdentity::from_spec(&spec, world.size());
+//!         let checkpoints = Checkpoints::new(&run_dir, identity);
+//!         let parts = build(&spec, &world).unwrap();
+//!         let options = PipelineOptions { checkpoint_every: 3, ..Default::default() };
+//!         let mut pipeline = Pipeline::new(world.clone(), SgdConfig::new().init(), options)
+//!             .with_averager(parts.averager.unwrap())
+//!             .with_checkpointer(checkpoints.checkpointer(Publish::Now));
+//!         let mut model = Scale { w: Param::from_tensor(Tensor::ones([1], &device)) };
+//!         let optimizer = SgdConfig::new().init();
+//!         let from = match checkpoints.resume(world.rank(), model.clone(), optimizer, &mut pipeline) {
+//!             Ok(resumed) => {
+//!                 model = resumed.model;
+//!                 resumed.iterations_done
+//!             }
+//!             Err(CheckpointError::Missing(_)) => 0, // nothing saved yet: a fresh run
+//!             Err(e) => panic!("{e}"),
+//!         };
+//!         let mut data = IterSource(std::iter::repeat(world.rank() as f32));
+//!         let loss = |m: &Scale, target: &f32| {
+//!             let d = m.w.val() - *target;
+//!             (d.clone() * d).mean()
+//!         };
+//!         while pipeline.iteration() < steps {
+//!             model = match pipeline.run_iteration(model, &mut data, &loss).unwrap() {
+//!                 Outcome::Trained(m, _) | Outcome::EndOfData(m) => m,
+//!             };
+//!         }
+//!         // The last state, unless the checkpoint phase just saved it (`IterSource` cannot
+//!         // say where it stands: no data position).
+//!         checkpoints.save_final(&mut pipeline, &model, None).unwrap();
+//!         (from, pipeline.iteration())
+//!     })?)
+//! };
+//! assert_eq!(train(4)?, [(0, 4), (0, 4)]); // checkpoints of 3 and 4 iterations
+//! assert_eq!(train(7)?, [(4, 7), (4, 7)]); // resumed at 4: checkpoints of 6 and 7
+//! let latest = std::fs::read_to_string(run_dir.join("checkpoints/latest"))?;
+//! assert_eq!(latest, "step-00000007");
+//! std::fs::remove_dir_all(&run_dir)?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 //!
 //! Layout in the run directory:
 //! ```text
-//! checkpoints/step-000120/rank-0.ckpt   one file per rank (ranks diverge under local SGD)
-//! checkpoints/step-000120/manifest.json world size, algorithm, iteration
-//! checkpoints/latest                    name of the newest complete checkpoint
+//! checkpoints/step-00000120/rank-0.ckpt   one file per rank (ranks diverge under local SGD)
+//! checkpoints/step-00000120/manifest.json world size, algorithm, iteration
+//! checkpoints/latest                      name of the newest complete checkpoint
 //! ```
 //! A checkpoint is written into `step-N.tmp/`, synced, renamed to `step-N/` (sealed), and only
 //! then does `latest` (itself replaced by rename) point at it (published). A crash at any moment
-//! leaves the previous checkpoint intact and `latest` pointing at a complete one. The binary
-//! publishes a checkpoint only once the metrics rows up to it are synced, so the rows a resume
-//! keeps are exactly those of the iterations the checkpoint holds.
+//! leaves the previous checkpoint intact and `latest` pointing at a complete one. The `localsgd`
+//! binary seals in the checkpoint phase ([`Publish::Later`]) and publishes a checkpoint only once
+//! the metrics rows up to it are synced, so the rows a resume keeps are exactly those of the
+//! iterations the checkpoint holds.
 //!
 //! Each rank file holds: parameters in traversal order with their `ParamId`s (restored on
 //! resume, so the optimizer's per-parameter state re-attaches), the optimizer record, the
@@ -20,11 +98,19 @@
 //! skipped steps and the data position (epoch, next batch). Shuffling is a pure function of (seed,
 //! epoch), so that position is the whole RNG state.
 
-use crate::pipeline::DataPosition;
+mod collective;
+mod pipeline_state;
+
+pub use collective::{Checkpoints, Publish, Resumed, current_context};
+pub use pipeline_state::PipelineState;
+
+use crate::algorithm::AlgorithmSpec;
+use crate::pipeline::{DataPosition, PipelineError};
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::ModuleOptimizer;
 use burn::tensor::{Bytes, Tensor};
 use localsgd_averagers::{AveragerState, OuterState, PendingAverage};
+use localsgd_comm::CommError;
 use localsgd_comm::params::{
     FlatBuffer, FlatLayout, FlatParams, ParamSelection, flatten_params, write_params,
 };
@@ -72,6 +158,24 @@ pub enum CheckpointError {
     /// Burn failed to (de)serialize the optimizer or parameters.
     #[error("checkpoint data: {0}")]
     Data(String),
+    /// A collective of a save failed (a barrier: a peer died, timed out or called something
+    /// else).
+    #[error("checkpoint: communication failed: {0}")]
+    Comm(#[from] CommError),
+    /// The pipeline refused the checkpoint's counters and states
+    /// ([`Pipeline::restore`](crate::pipeline::Pipeline::restore)): a checkpoint of an algorithm
+    /// with other parts (an outer averager, overlap, a hook).
+    #[error("cannot resume: {0}")]
+    Restore(#[source] PipelineError),
+    /// The pipeline could not hand over its state for a save (completing a pending overlapped
+    /// average or an outer pseudo-gradient in flight failed).
+    #[error("checkpoint: {0}")]
+    Pipeline(#[source] PipelineError),
+    /// This pipeline's state cannot be saved here (its optimizer is an
+    /// [`InnerOptimizer`](crate::pipeline::InnerOptimizer) whose state the pipeline does not
+    /// hold).
+    #[error("checkpoint not possible: {0}")]
+    Unsupported(String),
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
@@ -88,6 +192,18 @@ pub struct RunIdentity {
     pub world_size: usize,
     /// The algorithm settings (algorithm, warmup, period, levels, ...), as text.
     pub algorithm: String,
+}
+
+impl RunIdentity {
+    /// The identity of a run of `spec` on `world_size` ranks: what every checkpoint of it
+    /// records and what a resumed run must match (its settings as
+    /// [`AlgorithmSpec::identity`] writes them).
+    pub fn from_spec(spec: &AlgorithmSpec, world_size: usize) -> Self {
+        Self {
+            world_size,
+            algorithm: spec.identity(),
+        }
+    }
 }
 
 /// Per-rank metadata stored ahead of the binary payload.
@@ -458,6 +574,12 @@ impl CheckpointDir {
         format!("step-{iterations_done:08}")
     }
 
+    /// The directory of the sealed checkpoint of `iterations_done` iterations
+    /// (`checkpoints/step-N`).
+    pub fn step(&self, iterations_done: u64) -> PathBuf {
+        self.root.join(Self::step_name(iterations_done))
+    }
+
     /// Staging directory for a checkpoint in progress (ranks write their files here).
     pub fn staging(&self, iterations_done: u64) -> PathBuf {
         self.root
@@ -518,7 +640,7 @@ impl CheckpointDir {
             manifest.to_string().as_bytes(),
         )?;
         sync_dir(&staging)?;
-        let final_dir = self.root.join(Self::step_name(iterations_done));
+        let final_dir = self.step(iterations_done);
         if final_dir.exists() {
             fs::remove_dir_all(&final_dir).map_err(io(&final_dir))?;
         }

@@ -4,7 +4,8 @@
 //! [`pipeline`] (fetch, agree on data, forward/backward, gradient sync, optimizer step, model
 //! averaging, metrics, checkpoint), the [`algorithm`] settings and the hook and averager each
 //! algorithm builds ([`settings`] holds the plain setting types), PyTorch-style learning-rate
-//! schedules ([`lr_schedule`]), and per-rank [`checkpoint`]s. It depends on burn and the
+//! schedules ([`lr_schedule`]), and per-rank [`checkpoint`]s of any burn module (collective save
+//! and resume in one call each: [`checkpoint::Checkpoints`]). It depends on burn and the
 //! workspace's comm, hooks and averagers crates, and on no command-line crate (`clap` only with
 //! the `clap` feature). The `localsgd` application (`localsgd-trainer`: configuration files and
 //! flags, data sets, models, metrics files, plots, launch) is built on it and re-exports these
@@ -35,3 +36,15 @@ pub mod checkpoint;
 pub mod lr_schedule;
 pub mod pipeline;
 pub mod settings;
+
+/// The book's chapter on this crate as a doctest: its examples compile and run against the
+/// library crates alone (no `localsgd-trainer`).
+#[cfg(doctest)]
+#[doc = include_str!("../../book/src/pipeline.md")]
+pub struct BookPipeline;
+
+/// The book's averagers chapter as a doctest: its hand-written loop uses the hooks crate beside
+/// the averagers, and this is the lowest crate that has both.
+#[cfg(doctest)]
+#[doc = include_str!("../../book/src/averagers.md")]
+pub struct BookAveragers;

@@ -5,7 +5,7 @@ use crate::config::{
     AlgorithmKind, Backend, Compression, DatasetKind, DeviceKind, Levels, LrScheduleKind,
     MetricsFormat, ModelKind, OptimizerKind, OuterReduce, PipelineBuckets, TrainConfig,
 };
-use crate::pipeline::BufferPolicy;
+use crate::pipeline::{Accumulation, BufferPolicy};
 use std::path::PathBuf;
 
 /// Layer widths as given on the command line: comma-separated, `""` for none.
@@ -87,6 +87,9 @@ pub struct ConfigFlags {
     /// diloco: Streaming DiLoCo's mixing factor alpha in [0, 1] (default 0).
     #[arg(long, allow_negative_numbers = true)]
     pub fragment_alpha: Option<f64>,
+    /// slowmo: the slow momentum step every N optimizer steps (default 48, fairscale's).
+    #[arg(long, allow_negative_numbers = true)]
+    pub slowmo_frequency: Option<u64>,
     /// Post-warmup gradient all-reduce subgroup size (default: ranks on the same host).
     #[arg(long, allow_negative_numbers = true)]
     pub subgroup_size: Option<usize>,
@@ -143,6 +146,10 @@ pub struct ConfigFlags {
     /// Micro-batches per optimizer step (gradient accumulation).
     #[arg(long, allow_negative_numbers = true)]
     pub accumulate: Option<usize>,
+    /// How a step's micro-batches meet an epoch's end: stream (across epochs) or epoch-end
+    /// (Lightning: a last, smaller step).
+    #[arg(long, value_enum)]
+    pub accumulation: Option<Accumulation>,
     /// Shuffle every epoch (true/false).
     #[arg(long)]
     pub shuffle: Option<bool>,
@@ -267,7 +274,6 @@ impl ConfigFlags {
             device,
             algorithm,
             warmup,
-            period,
             overlap,
             levels,
             post_local_allreduce,
@@ -284,6 +290,7 @@ impl ConfigFlags {
             synthetic_classes,
             batch_size,
             accumulate,
+            accumulation,
             shuffle,
             seed,
             optimizer,
@@ -340,6 +347,12 @@ impl ConfigFlags {
         }
         if let Some(v) = flags.fragment_alpha {
             cfg.fragment_alpha = Some(v);
+        }
+        if let Some(v) = flags.period {
+            cfg.period = Some(v);
+        }
+        if let Some(v) = flags.slowmo_frequency {
+            cfg.slowmo_frequency = Some(v);
         }
         if let Some(v) = flags.weight_decay {
             cfg.weight_decay = Some(v);

@@ -1,12 +1,12 @@
 //! The run configuration: one struct, read from a TOML file (`--config run.toml`), overridden by
 //! command-line flags of the same names, validated before anything is written.
 
-pub use crate::pipeline::BufferPolicy;
-use localsgd_averagers::{OuterOptimizer, OuterSgdConfig, PseudoGradient, StreamingConfig};
+pub use crate::pipeline::{Accumulation, BufferPolicy};
+use localsgd_averagers::PseudoGradient;
 use localsgd_comm::Precision;
 use localsgd_pipeline::algorithm::AlgorithmSpec;
 pub use localsgd_pipeline::settings::{
-    AlgorithmKind, Compression, Levels, OuterSettings, PipelineBuckets, SettingError,
+    AlgorithmKind, Compression, Levels, OuterOptions, OuterSettings, PipelineBuckets, SettingError,
 };
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -150,8 +150,12 @@ pub struct TrainConfig {
     /// learning-rate decay, usually an epoch boundary): when set, `warmup` becomes this many
     /// epochs' optimizer steps (batches per rank per epoch, divided by `accumulate`).
     pub warmup_epochs: Option<u64>,
-    /// Model averaging period (local-sgd, post-local-sgd). `0` is invalid.
-    pub period: u64,
+    /// Model averaging period in optimizer steps: local SGD's and post-local SGD's averages,
+    /// DiLoCo's and Streaming DiLoCo's rounds (H), SlowMo's plain averages (fairscale's
+    /// `localsgd_frequency`). `0` is invalid. Unset: 4 for `local-sgd` and `post-local-sgd`, 50
+    /// for `diloco` and `streaming-diloco`, 3 for `slowmo`; refused for `ddp` and
+    /// `hierarchical` (whose `levels` carry the periods).
+    pub period: Option<u64>,
     /// Overlapped averaging (local-sgd, post-local-sgd): start each average after its step's
     /// optimizer step and apply it `overlap` iterations later as `avg(x_t) + (x_now - x_t)`,
     /// communicating while those iterations compute. `0` (default): blocking averaging, as
@@ -186,6 +190,10 @@ pub struct TrainConfig {
     /// `diloco`: Streaming DiLoCo's α (torchft's `fragment_update_alpha`): after its outer
     /// step a fragment becomes `θ_f + α·(x_f − θ_f)`. In [0, 1]. Unset: 0.
     pub fragment_alpha: Option<f64>,
+    /// `slowmo`: the slow momentum step every this many optimizer steps (fairscale's
+    /// `slowmo_frequency`); the models are averaged every `period` steps in between. Unset:
+    /// 48, fairscale's default.
+    pub slowmo_frequency: Option<u64>,
     /// Post-warmup gradient all-reduce subgroup size (blocks of this many ranks). Unset: the
     /// ranks on the same host.
     pub subgroup_size: Option<usize>,
@@ -227,8 +235,15 @@ pub struct TrainConfig {
     pub synthetic_classes: usize,
     /// Batch size per worker.
     pub batch_size: usize,
-    /// Micro-batches of `batch-size` per optimizer step (gradient accumulation; 1: none).
+    /// Micro-batches of `batch-size` per optimizer step (gradient accumulation; 1: none). Each
+    /// micro-batch's loss is divided by it before backward (the summed gradients are their
+    /// mean, PyTorch's accumulation loop).
     pub accumulate: usize,
+    /// How a step's micro-batches meet an epoch's end: `stream` (one stream across epochs, as
+    /// iteration-based PyTorch loops draw them; the run's last step takes what is left) or
+    /// `epoch-end` (Lightning: each epoch's last step takes the micro-batches left). Every
+    /// micro-batch is trained either way.
+    pub accumulation: Accumulation,
     /// Shuffle the training data every epoch (same permutation on every rank).
     pub shuffle: bool,
     /// Seed for model initialization, shuffling and synthetic data.
@@ -303,7 +318,7 @@ impl Default for TrainConfig {
             algorithm: AlgorithmKind::PostLocalSgd,
             warmup: 50,
             warmup_epochs: None,
-            period: 4,
+            period: None,
             overlap: 0,
             levels: Levels::default(),
             outer_lr: None,
@@ -314,6 +329,7 @@ impl Default for TrainConfig {
             fragments: None,
             fragment_sync_delay: None,
             fragment_alpha: None,
+            slowmo_frequency: None,
             subgroup_size: None,
             post_local_allreduce: false,
             broadcast_start: true,
@@ -332,6 +348,7 @@ impl Default for TrainConfig {
             synthetic_classes: 4,
             batch_size: 32,
             accumulate: 1,
+            accumulation: Accumulation::Stream,
             shuffle: true,
             seed: 0,
             optimizer: OptimizerKind::Sgd,
@@ -378,10 +395,12 @@ impl TrainConfig {
     pub fn algorithm_spec(&self) -> Result<AlgorithmSpec, ConfigError> {
         let cfg = self;
         let mib = |x: f64| (x * 1024.0 * 1024.0) as usize;
+        let period = cfg.period.or(cfg.algorithm.default_period());
+        let levels = cfg.levels.as_slice();
         Ok(AlgorithmSpec {
             kind: cfg.algorithm,
             warmup: cfg.warmup,
-            period: Some(cfg.period),
+            period,
             overlap: cfg.overlap,
             levels: cfg.levels.as_slice().to_vec(),
             subgroup_size: cfg.subgroup_size,
@@ -392,7 +411,12 @@ impl TrainConfig {
                 rest_bytes: mib(cfg.bucket_cap_mb).max(1),
             },
             compression: cfg.compression,
-            outer: cfg.outer_settings()?,
+            outer: OuterSettings::resolve(
+                cfg.algorithm,
+                period.unwrap_or(0),
+                levels,
+                &cfg.outer_options(),
+            )?,
         })
     }
 
@@ -413,190 +437,38 @@ impl TrainConfig {
         toml::to_string(self).unwrap_or_else(|e| format!("# could not serialize config: {e}\n"))
     }
 
-    /// The outer optimizer and pseudo-gradient reduction of `diloco`/`slowmo` with their
-    /// defaults filled in (`None` for the other algorithms), checked by the averagers' own
-    /// rules; an error names the setting. Outer settings given to another algorithm are refused.
-    pub fn outer_settings(&self) -> Result<Option<OuterSettings>, ConfigError> {
-        let compression = match self.outer_compression {
-            None | Some(Compression::None) => None,
-            Some(Compression::Fp16) => Some(Precision::Fp16),
-            Some(Compression::Bf16) => Some(Precision::Bf16),
-        };
-        let given: [(&'static str, Option<String>); 8] = [
-            ("outer-lr", self.outer_lr.map(|v| v.to_string())),
-            ("outer-momentum", self.outer_momentum.map(|v| v.to_string())),
-            ("outer-nesterov", self.outer_nesterov.map(|v| v.to_string())),
-            (
-                "outer-reduce",
-                self.outer_reduce.map(|v| format!("{v:?}").to_lowercase()),
-            ),
-            (
-                "outer-compression",
-                self.outer_compression
-                    .map(|c| format!("{c:?}").to_lowercase()),
-            ),
-            ("fragments", self.fragments.map(|v| v.to_string())),
-            (
-                "fragment-sync-delay",
-                self.fragment_sync_delay.map(|v| v.to_string()),
-            ),
-            ("fragment-alpha", self.fragment_alpha.map(|v| v.to_string())),
-        ];
-        if !self.algorithm.is_outer() {
-            if let Some((setting, Some(value))) = given.into_iter().find(|g| g.1.is_some()) {
-                return Err(bad(
-                    setting,
-                    value,
-                    format!(
-                        "unset: outer settings apply to algorithms `diloco` and `slowmo`, not `{}`",
-                        self.algorithm.name()
-                    ),
-                ));
-            }
-            return Ok(None);
+    /// These settings with the algorithm's defaults written out where a setting was left unset
+    /// (`period`, `slowmo-frequency`): the effective configuration printed and saved as the
+    /// run's `config.toml`, which trains the same when read back.
+    pub fn with_defaults_filled(&self) -> Self {
+        let mut cfg = self.clone();
+        cfg.period = cfg.period.or(cfg.algorithm.default_period());
+        if cfg.algorithm == AlgorithmKind::Slowmo && cfg.levels.is_empty() {
+            cfg.slowmo_frequency = cfg
+                .slowmo_frequency
+                .or(Some(localsgd_pipeline::settings::SLOWMO_FREQUENCY));
         }
-        let lib = |setting: &'static str, value: String, optimizer: OuterOptimizer| {
-            optimizer
-                .validate()
-                .map_err(|e| bad(setting, value, e.to_string()))
-        };
-        let optimizer = match self.algorithm {
-            AlgorithmKind::Slowmo => {
-                let lr = self.outer_lr.unwrap_or(1.0);
-                let momentum = self.outer_momentum.unwrap_or(0.5);
-                lib(
-                    "outer-lr",
-                    lr.to_string(),
-                    OuterOptimizer::SlowMo { lr, momentum: 0.0 },
-                )?;
-                lib(
-                    "outer-momentum",
-                    momentum.to_string(),
-                    OuterOptimizer::SlowMo { lr: 1.0, momentum },
-                )?;
-                if self.outer_nesterov == Some(true) {
-                    return Err(bad(
-                        "outer-nesterov",
-                        true,
-                        "unset or false: SlowMo's slow step is heavy-ball momentum (fairscale); \
-                         use `diloco` for Nesterov",
-                    ));
-                }
-                OuterOptimizer::SlowMo { lr, momentum }
-            }
-            _ => {
-                let base = OuterSgdConfig::diloco();
-                let lr = self.outer_lr.unwrap_or(base.lr);
-                let momentum = self.outer_momentum.unwrap_or(base.momentum);
-                let nesterov = self.outer_nesterov.unwrap_or(momentum > 0.0);
-                lib("outer-lr", lr.to_string(), OuterSgdConfig::sgd(lr).into())?;
-                lib(
-                    "outer-momentum",
-                    momentum.to_string(),
-                    OuterSgdConfig::sgd(0.0).with_momentum(momentum).into(),
-                )?;
-                let config = OuterSgdConfig::sgd(lr)
-                    .with_momentum(momentum)
-                    .with_nesterov(nesterov);
-                lib("outer-nesterov", nesterov.to_string(), config.into())?;
-                config.into()
-            }
-        };
-        let reduce = self
-            .outer_reduce
-            .map_or(optimizer.default_reduce(), Into::into);
-        if matches!(optimizer, OuterOptimizer::SlowMo { .. })
-            && reduce == PseudoGradient::MeanOfDeltas
-        {
-            return Err(bad(
-                "outer-reduce",
-                "mean-of-deltas",
-                "`delta-of-mean` (or unset): SlowMo computes its slow step from the averaged \
-                 parameters, as fairscale does",
-            ));
-        }
-        if let Some(p) = compression
-            && reduce == PseudoGradient::DeltaOfMean
-        {
-            return Err(bad(
-                "outer-compression",
-                p,
-                "`none` with `delta-of-mean` (`slowmo`'s only reduction): half precision is for \
-                 the pseudo-gradients θ − x_r that `mean-of-deltas` sends, not for the \
-                 parameters",
-            ));
-        }
-        let streaming = self.streaming_settings(reduce)?;
-        Ok(Some(OuterSettings {
-            optimizer,
-            reduce,
-            compression,
-            streaming,
-        }))
+        cfg
     }
 
-    /// Streaming DiLoCo's settings, checked by the averagers' rules (torchft's, in its order),
-    /// each error named after its setting; `None` when none is given.
-    fn streaming_settings(
-        &self,
-        reduce: PseudoGradient,
-    ) -> Result<Option<StreamingConfig>, ConfigError> {
-        let (tau, alpha) = (
-            self.fragment_sync_delay.unwrap_or(0),
-            self.fragment_alpha.unwrap_or(0.0),
-        );
-        if self.algorithm != AlgorithmKind::StreamingDiloco {
-            let given = match (
-                self.fragments,
-                self.fragment_sync_delay,
-                self.fragment_alpha,
-            ) {
-                (Some(f), _, _) => Some(("fragments", f.to_string())),
-                (None, Some(d), _) => Some(("fragment-sync-delay", d.to_string())),
-                (None, None, Some(a)) => Some(("fragment-alpha", a.to_string())),
-                (None, None, None) => None,
-            };
-            return match given {
-                Some((setting, value)) => Err(bad(
-                    setting,
-                    value,
-                    format!(
-                        "unset: fragments, delays and mixing are Streaming DiLoCo's (`algorithm = \
-                         \"streaming-diloco\"`); `{}` syncs all parameters at once",
-                        self.algorithm.name()
-                    ),
-                )),
-                None => Ok(None),
-            };
+    /// The outer optimizer's settings as given (resolved and checked by
+    /// [`OuterSettings::resolve`] in [`algorithm_spec`](Self::algorithm_spec)).
+    pub fn outer_options(&self) -> OuterOptions {
+        OuterOptions {
+            lr: self.outer_lr,
+            momentum: self.outer_momentum,
+            nesterov: self.outer_nesterov,
+            reduce: self.outer_reduce.map(Into::into),
+            compression: match self.outer_compression {
+                None | Some(Compression::None) => None,
+                Some(Compression::Fp16) => Some(Precision::Fp16),
+                Some(Compression::Bf16) => Some(Precision::Bf16),
+            },
+            fragments: self.fragments,
+            fragment_sync_delay: self.fragment_sync_delay,
+            fragment_alpha: self.fragment_alpha,
+            slowmo_frequency: self.slowmo_frequency,
         }
-        let f = self.fragments.unwrap_or(2);
-        if reduce == PseudoGradient::DeltaOfMean {
-            return Err(bad(
-                "outer-reduce",
-                "delta-of-mean",
-                "`mean-of-deltas` (or unset) with `streaming-diloco`: Streaming DiLoCo averages \
-                 the fragments' pseudo-gradients (torchft)",
-            ));
-        }
-        if !self.levels.is_empty() {
-            return Err(bad(
-                "levels",
-                format!("{:?}", self.levels.to_string()),
-                "\"\" with `streaming-diloco`: Streaming DiLoCo has its own schedule of fragments",
-            ));
-        }
-        let check = |setting: &'static str, value: String, config: StreamingConfig| {
-            config
-                .validate()
-                .map(|_| ())
-                .map_err(|e| bad(setting, value, e.to_string()))
-        };
-        let base = StreamingConfig::new(self.period, f);
-        check("fragments", f.to_string(), base)?;
-        check("fragment-sync-delay", tau.to_string(), base.with_delay(tau))?;
-        let config = base.with_delay(tau).with_alpha(alpha);
-        check("fragment-alpha", alpha.to_string(), config)?;
-        Ok(Some(config))
     }
 
     /// Check every setting that can be checked without touching the file system's run

@@ -131,7 +131,7 @@ pub(crate) fn prepare_run_dir(cfg: &TrainConfig) -> Result<PathBuf> {
     }
     std::fs::create_dir_all(&dir)
         .with_context(|| format!("creating run directory {}", dir.display()))?;
-    let effective = cfg.to_toml();
+    let effective = cfg.with_defaults_filled().to_toml();
     println!(
         "# effective configuration (saved to {})\n{effective}",
         dir.join("config.toml").display()

@@ -29,7 +29,3 @@ pub mod model;
 pub mod plan;
 pub mod plot;
 pub mod run;
-
-/// The book's chapters as doctests: every Rust snippet in `book/` compiles and runs.
-#[cfg(doctest)]
-pub mod book;

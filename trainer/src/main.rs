@@ -100,7 +100,9 @@ fn export(flags: &ExportFlags) -> Result<()> {
 }
 
 fn compare(flags: &ConfigFlags) -> Result<()> {
-    let base = launch::resolve_settings(flags)?;
+    // Not validated as a whole: each algorithm's run below is, with the settings that apply
+    // to it (levels given for hierarchical averaging would be refused for post-local SGD).
+    let base = flags.resolve().map_err(anyhow::Error::msg)?;
     if base.backend != Backend::Threads {
         bail!(
             "invalid setting `backend` = {} for `compare`: it runs the algorithms one after another with thread workers in this process; drop the setting (or set `backend = \"threads\"`)",
@@ -131,11 +133,30 @@ fn compare(flags: &ConfigFlags) -> Result<()> {
         cfg.algorithm = algorithm;
         cfg.progress = false;
         cfg.resume = false;
-        if algorithm.is_outer() {
-            // The outer algorithms on the same period as post-local SGD (no levels).
+        // Each algorithm with the settings that apply to it: a given `period` for every
+        // algorithm that has one (else each its own default), the levels for hierarchical
+        // averaging alone (from the period when none are given), outer settings for the outer
+        // algorithms, fragments for Streaming DiLoCo and the slow-step frequency for SlowMo.
+        let given_period = base.period;
+        match algorithm {
+            AlgorithmKind::Ddp => cfg.period = None,
+            AlgorithmKind::Hierarchical => {
+                if cfg.levels.is_empty() {
+                    let period = given_period.or(AlgorithmKind::PostLocalSgd.default_period());
+                    cfg.levels = localsgd_trainer::algorithm::default_levels(
+                        cfg.workers,
+                        period.unwrap_or(4),
+                    )
+                    .into();
+                }
+                cfg.period = None;
+            }
+            _ => {}
+        }
+        if algorithm != AlgorithmKind::Hierarchical {
             cfg.levels = Default::default();
-        } else {
-            // Outer settings given for the outer algorithms do not apply to the others.
+        }
+        if !algorithm.is_outer() {
             cfg.outer_lr = None;
             cfg.outer_momentum = None;
             cfg.outer_nesterov = None;
@@ -143,14 +164,12 @@ fn compare(flags: &ConfigFlags) -> Result<()> {
             cfg.outer_compression = None;
         }
         if algorithm != AlgorithmKind::StreamingDiloco {
-            // Fragment settings are Streaming DiLoCo's alone.
             cfg.fragments = None;
             cfg.fragment_sync_delay = None;
             cfg.fragment_alpha = None;
         }
-        if algorithm == AlgorithmKind::Hierarchical && cfg.levels.is_empty() {
-            cfg.levels =
-                localsgd_trainer::algorithm::default_levels(cfg.workers, cfg.period).into();
+        if algorithm != AlgorithmKind::Slowmo {
+            cfg.slowmo_frequency = None;
         }
         cfg.validate()?;
         let started = Instant::now();

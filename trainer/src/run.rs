@@ -2,7 +2,7 @@
 //! algorithm, pipeline, checkpoints, metrics and evaluation, on every rank.
 
 use crate::algorithm::{self, AlgorithmSpec};
-use crate::checkpoint::{CheckpointDir, CheckpointError, RankCheckpoint, RunIdentity};
+use crate::checkpoint::{CheckpointError, Checkpoints, Publish, RunIdentity};
 use crate::classifier::{Classifier, Classify, ModelSpec};
 use crate::cnn::CnnConfig;
 use crate::config::{
@@ -17,7 +17,7 @@ use crate::lr_schedule::LrSchedule;
 use crate::metrics::{EvalWriter, MetricsWriter};
 use crate::model::{MlpConfig, ModelError};
 use crate::pipeline::{
-    BatchSource, CheckpointContext, DataPosition, Outcome, PhaseTimes, Pipeline, PipelineError,
+    Accumulation, BatchSource, DataPosition, Outcome, PhaseTimes, Pipeline, PipelineError,
     PipelineOptions, SourceError,
 };
 use burn::nn::loss::CrossEntropyLoss;
@@ -26,7 +26,7 @@ use burn::optim::lr_scheduler::module_lr_scheduler::ModuleLrScheduler;
 use burn::optim::momentum::MomentumConfig;
 use burn::optim::{AdamConfig, AdamWConfig, ModuleOptimizer, SgdConfig};
 use burn::tensor::{Device, Int, Tensor};
-use localsgd_comm::params::{FlatBuffer, ParamSelection, flatten_params, write_params};
+use localsgd_comm::params::{FlatBuffer, ParamSelection, flatten_params};
 use localsgd_comm::{CommError, Group, GroupExt, Traffic};
 use std::path::Path;
 use std::sync::Arc;
@@ -257,6 +257,7 @@ pub fn preflight(cfg: &TrainConfig, train: &Dataset) -> Result<ModelSpec, RunErr
             cfg.workers
         )));
     }
+    epoch_steps(cfg, train.len(), cfg.workers, 0)?;
     let spec = model_config(cfg, train)?;
     if let Some(need) = model_memory(cfg, &spec, train.len()) {
         limits::check(&need, limits::available_memory())?;
@@ -338,12 +339,9 @@ pub fn model_config(cfg: &TrainConfig, train: &Dataset) -> Result<ModelSpec, Mod
 }
 
 /// What every checkpoint of a run of `spec` on `world` ranks records about the run, and what a
-/// resumed run must match (world size and algorithm settings).
+/// resumed run must match (world size and algorithm settings): [`RunIdentity::from_spec`].
 pub fn run_identity(spec: &AlgorithmSpec, world: usize) -> RunIdentity {
-    RunIdentity {
-        world_size: world,
-        algorithm: spec.identity(),
-    }
+    RunIdentity::from_spec(spec, world)
 }
 
 /// The optimizer of a configuration, with PyTorch's defaults: SGD without dampening or
@@ -479,16 +477,19 @@ pub struct ShardLoader {
     epoch: u64,
     batches: Vec<Vec<usize>>,
     next: usize,
+    epochs: Option<u64>,
 }
 
 impl ShardLoader {
-    /// A loader positioned at `position`.
+    /// A loader positioned at `position`, with `epochs` epochs of data (`None`: as many as
+    /// the run asks for).
     pub fn new(
         data: Arc<Dataset>,
         sampler: ShardSampler,
         batch_size: usize,
         device: Device,
         position: DataPosition,
+        epochs: Option<u64>,
     ) -> Result<Self, DataError> {
         let batches = sampler.batches(position.epoch, batch_size)?;
         Ok(Self {
@@ -499,11 +500,12 @@ impl ShardLoader {
             epoch: position.epoch,
             batches,
             next: position.next_batch as usize,
+            epochs,
         })
     }
 
     /// Move to the start of the next epoch.
-    pub fn next_epoch(&mut self) -> Result<(), DataError> {
+    pub fn advance_epoch(&mut self) -> Result<(), DataError> {
         self.epoch += 1;
         self.batches = self.sampler.batches(self.epoch, self.batch_size)?;
         self.next = 0;
@@ -542,6 +544,14 @@ impl BatchSource<(Tensor<2>, Tensor<1, Int>)> for ShardLoader {
             next_batch: self.next as u64,
         })
     }
+
+    fn next_epoch(&mut self) -> Result<bool, SourceError> {
+        if self.epochs.is_some_and(|e| self.epoch + 1 >= e) {
+            return Ok(false);
+        }
+        self.advance_epoch()?;
+        Ok(true)
+    }
 }
 
 /// An I/O error writing the run file `what`, as a run error.
@@ -578,14 +588,15 @@ pub fn train_worker(
     let (cfg, per_epoch) = effective_settings(cfg, data, world, rank)?;
     let cfg = cfg.as_ref();
     let spec = cfg.algorithm_spec()?;
-    let identity = run_identity(&spec, world);
-    let ckpt_dir = run_dir.map(CheckpointDir::new);
-    let mut pipeline = build_pipeline(cfg, &spec, &identity, &group, ckpt_dir.as_ref())?;
+    let checkpoints = run_dir.map(|dir| Checkpoints::new(dir, run_identity(&spec, world)));
+    let mut pipeline = build_pipeline(cfg, &spec, &group, checkpoints.as_ref())?;
     let (mut model, position, resume_done) = if cfg.resume {
-        let dir = ckpt_dir
+        let resumed = checkpoints
             .as_ref()
-            .ok_or_else(|| CheckpointError::Missing(Path::new("(no run directory)").into()))?;
-        resume(dir, &identity, rank, cfg, model, &mut pipeline)?
+            .ok_or_else(|| CheckpointError::Missing(Path::new("(no run directory)").into()))?
+            .resume(rank, model, optimizer(cfg), &mut pipeline)
+            .map_err(checkpoint_failure)?;
+        (resumed.model, resumed.data, Some(resumed.iterations_done))
     } else {
         (model, DataPosition::default(), None)
     };
@@ -595,8 +606,17 @@ pub fn train_worker(
     if cfg.shuffle {
         sampler = sampler.with_shuffle(cfg.seed);
     }
-    let mut loader = ShardLoader::new(train, sampler, cfg.batch_size, device.clone(), position)?;
-    let total = cfg.steps.unwrap_or(per_epoch * cfg.epochs);
+    // Without `steps` the run is `epochs` epochs of data; with it, as many as its steps take.
+    let epochs = cfg.steps.is_none().then_some(cfg.epochs);
+    let mut loader = ShardLoader::new(
+        train,
+        sampler,
+        cfg.batch_size,
+        device.clone(),
+        position,
+        epochs,
+    )?;
+    let total = cfg.steps.unwrap_or(per_epoch.steps(cfg.epochs));
     let mut pipeline =
         pipeline.with_lr_scheduler(ModuleLrScheduler::new(lr_schedule(cfg, total).scheduler()));
 
@@ -609,7 +629,7 @@ pub fn train_worker(
     };
     // Rank 0 publishes a checkpoint once every rank's metrics rows up to it are synced; the
     // ranks meet on a group of their own, so the barrier is not counted as training traffic.
-    let publish_sync = match (&ckpt_dir, cfg.checkpoint_every, world) {
+    let publish_sync = match (&checkpoints, cfg.checkpoint_every, world) {
         (Some(_), every, w) if every > 0 && w > 1 => Some(group.dedicated()?),
         _ => None,
     };
@@ -663,7 +683,7 @@ pub fn train_worker(
                 }
                 // The checkpoint phase sealed a checkpoint of `done` iterations: make every
                 // rank's rows up to it durable, then let a resume take it.
-                if let Some(dir) = &ckpt_dir
+                if let Some(checkpoints) = &checkpoints
                     && cfg.checkpoint_every > 0
                     && done.is_multiple_of(cfg.checkpoint_every)
                 {
@@ -672,21 +692,21 @@ pub fn train_worker(
                         g.barrier()?;
                     }
                     if rank == 0 {
-                        dir.publish(done)?;
+                        checkpoints.publish(done)?;
                     }
                 }
             }
             Outcome::EndOfData(m) => {
                 model = m;
-                loader.next_epoch()?;
+                loader.advance_epoch()?;
             }
         }
     }
     // An overlapped average still in flight finishes its collective inside the timed run; it
     // is saved pending (so a longer resumed run applies it where this one would have) and then
     // applied to the final model.
-    let pending_average = pipeline.pending_average()?;
-    let outer_state = pipeline.outer_state()?;
+    pipeline.pending_average()?;
+    pipeline.outer_state()?;
     let wall = started.elapsed();
     let traffic = group.traffic() - traffic_start;
     sync_run_files(&mut metrics, &mut evals)?;
@@ -694,24 +714,14 @@ pub fn train_worker(
     // buffers (BatchNorm's running statistics) with the last forward's update, as the
     // checkpoint phase saves them.
     let model = crate::pipeline::settle_if_buffers(model);
-    if let Some(dir) = &ckpt_dir {
-        let ctx = CheckpointContext {
-            pending_average,
-            outer: outer_state,
-            iterations_done: pipeline.iteration(),
-            skipped_steps: pipeline.skipped_steps(),
-            model: &model,
-            optimizer: pipeline.optimizer(),
-            averager: pipeline.averager().map(|a| a.state()),
-            hook: pipeline.hook().map(|h| h.state()),
-            data: loader.position(),
-            group: &group,
-        };
-        save_final_checkpoint(dir, &identity, &ctx, cfg.checkpoint_every, resume_done)?;
+    if let Some(checkpoints) = &checkpoints {
+        checkpoints
+            .save_final(&mut pipeline, &model, loader.position())
+            .map_err(checkpoint_failure)?;
     }
 
     let model = pipeline.finish(model)?;
-    let (local, world, params) = final_models(cfg, model, &group, run_dir, data, &device)?;
+    let (local, world, params) = final_models(cfg, model, &pipeline, run_dir, data, &device)?;
     Ok(WorkerResult {
         rank,
         iterations: pipeline.iteration(),
@@ -730,41 +740,89 @@ pub fn train_worker(
     })
 }
 
-/// The settings a rank trains with, and its optimizer steps per epoch: with `warmup-epochs`, the
-/// warmup becomes that many epochs' steps (an incomplete accumulation at the epoch's end is not
-/// stepped).
-fn effective_settings<'a>(
-    cfg: &'a TrainConfig,
-    data: &TrainTest,
+/// How an epoch's batches make optimizer steps ([`Accumulation`]'s rules): `batches` batches of
+/// a rank's shard per epoch, `accumulate` per step.
+#[derive(Debug, Clone, Copy)]
+struct EpochSteps {
+    batches: u64,
+    accumulate: u64,
+    accumulation: Accumulation,
+}
+
+impl EpochSteps {
+    /// Optimizer steps in `epochs` epochs: the micro-batches streamed across epochs (the last
+    /// step takes what is left), or each epoch's own steps, the last of fewer.
+    fn steps(&self, epochs: u64) -> u64 {
+        match self.accumulation {
+            Accumulation::Stream => (epochs * self.batches).div_ceil(self.accumulate),
+            Accumulation::EpochEnd => epochs * self.batches.div_ceil(self.accumulate),
+        }
+    }
+}
+
+/// Rank `rank` of `world`'s epochs on `samples` training samples as optimizer steps; refuses an
+/// `accumulate` no step can fill (checked before anything is written, by [`preflight`]).
+fn epoch_steps(
+    cfg: &TrainConfig,
+    samples: usize,
     world: usize,
     rank: usize,
-) -> Result<(std::borrow::Cow<'a, TrainConfig>, u64), RunError> {
-    let batches = ShardSampler::new(data.train.len(), world, rank)?.num_batches(cfg.batch_size)?;
-    let per_epoch = (batches / cfg.accumulate.max(1)) as u64;
-    if per_epoch == 0 {
+) -> Result<EpochSteps, RunError> {
+    let batches = ShardSampler::new(samples, world, rank)?.num_batches(cfg.batch_size)? as u64;
+    let accumulate = cfg.accumulate.max(1) as u64;
+    let available = match (cfg.accumulation, cfg.steps) {
+        (Accumulation::EpochEnd, _) => Some((batches, "each rank's epoch has")),
+        (Accumulation::Stream, None) => {
+            Some((batches * cfg.epochs, "the run's epochs give each rank"))
+        }
+        // Streamed over as many epochs as the steps take: any number fills a step.
+        (Accumulation::Stream, Some(_)) => None,
+    };
+    if let Some((available, what)) = available
+        && accumulate > available
+    {
         return Err(SettingError::new(
             "accumulate",
             cfg.accumulate,
             format!(
-                "each rank's epoch has {batches} batches of {}, so at most {batches} \
-                 micro-batches fit in an optimizer step",
+                "at most {available}: {what} {available} batches of {}",
                 cfg.batch_size
             ),
         )
         .into());
     }
+    Ok(EpochSteps {
+        batches,
+        accumulate,
+        accumulation: cfg.accumulation,
+    })
+}
+
+/// The settings a rank trains with, and how its epochs make steps: with `warmup-epochs`, the
+/// warmup becomes the optimizer steps of that many epochs.
+fn effective_settings<'a>(
+    cfg: &'a TrainConfig,
+    data: &TrainTest,
+    world: usize,
+    rank: usize,
+) -> Result<(std::borrow::Cow<'a, TrainConfig>, EpochSteps), RunError> {
+    let per_epoch = epoch_steps(cfg, data.train.len(), world, rank)?;
     let Some(epochs) = cfg.warmup_epochs else {
         return Ok((std::borrow::Cow::Borrowed(cfg), per_epoch));
     };
     let mut c = cfg.clone();
     c.warmup = epochs
-        .checked_mul(per_epoch)
+        .checked_mul(per_epoch.batches)
+        .map(|_| per_epoch.steps(epochs))
         .filter(|w| i64::try_from(*w).is_ok())
         .ok_or_else(|| {
             SettingError::new(
                 "warmup-epochs",
                 epochs,
-                format!("{epochs} epochs of {per_epoch} steps overflow the warmup counter"),
+                format!(
+                    "{epochs} epochs of {} batches overflow the warmup counter",
+                    per_epoch.batches
+                ),
             )
         })?;
     tracing::info!(
@@ -781,9 +839,8 @@ fn effective_settings<'a>(
 fn build_pipeline(
     cfg: &TrainConfig,
     spec: &AlgorithmSpec,
-    identity: &RunIdentity,
     group: &Group,
-    ckpt_dir: Option<&CheckpointDir>,
+    checkpoints: Option<&Checkpoints>,
 ) -> Result<Pipeline<Classifier>, RunError> {
     let parts = algorithm::build(spec, group)?;
     if let Some((_, reducer)) = &parts.sync
@@ -814,6 +871,7 @@ fn build_pipeline(
         buffers: cfg.buffers,
         clip_grad_norm: (cfg.clip_grad_norm > 0.0).then_some(cfg.clip_grad_norm),
         accumulate: cfg.accumulate,
+        accumulation: cfg.accumulation,
     };
     let mut pipeline = Pipeline::new(group.clone(), optimizer(cfg), options);
     if let Some((hook, reducer)) = parts.sync {
@@ -822,65 +880,23 @@ fn build_pipeline(
     if let Some(averager) = parts.averager {
         pipeline = pipeline.with_averager(averager);
     }
-    if let Some(dir) = ckpt_dir {
-        let dir = dir.clone();
-        let identity = identity.clone();
-        pipeline =
-            pipeline.with_checkpointer(Box::new(move |ctx: &CheckpointContext<'_, Classifier>| {
-                // Sealed, not yet published: rank 0 publishes it once every rank's metrics rows
-                // are synced (`train_worker`), so the rows a resume keeps are its iterations.
-                save_checkpoint(&dir, &identity, ctx, false)
-                    .map_err(|e| PipelineError::Checkpoint(Box::new(e)))
-            }));
+    if let Some(checkpoints) = checkpoints {
+        // Sealed, not yet published: rank 0 publishes it once every rank's metrics rows are
+        // synced (`train_worker`), so the rows a resume keeps are its iterations.
+        pipeline = pipeline.with_checkpointer(checkpoints.checkpointer(Publish::Later));
     }
     Ok(pipeline)
 }
 
-/// Put rank `rank`'s latest checkpoint into `model` and `pipeline`; the data position and the
-/// iterations the checkpoint holds.
-fn resume(
-    dir: &CheckpointDir,
-    identity: &RunIdentity,
-    rank: usize,
-    cfg: &TrainConfig,
-    model: Classifier,
-    pipeline: &mut Pipeline<Classifier>,
-) -> Result<(Classifier, DataPosition, Option<u64>), RunError> {
-    let ckpt = dir.load_rank(rank, identity)?;
-    let (model, opt) = ckpt.restore(model, optimizer(cfg))?;
-    pipeline.restore(
-        ckpt.meta.iterations_done,
-        ckpt.meta.skipped_steps,
-        opt,
-        ckpt.meta.averager.as_ref(),
-        ckpt.meta.hook.as_ref(),
-        ckpt.pending_average(),
-        ckpt.outer.as_ref(),
-    )?;
-    Ok((
-        model,
-        ckpt.meta.data.unwrap_or_default(),
-        Some(ckpt.meta.iterations_done),
-    ))
-}
-
-/// Save and publish the final state so `resume` can continue, unless the last iteration's
-/// checkpoint already holds it, nothing was trained, or this is a resume that trained nothing
-/// (saving again would replace the directory `latest` names).
-fn save_final_checkpoint(
-    dir: &CheckpointDir,
-    identity: &RunIdentity,
-    ctx: &CheckpointContext<'_, Classifier>,
-    checkpoint_every: u64,
-    resume_done: Option<u64>,
-) -> Result<(), RunError> {
-    let done = ctx.iterations_done;
-    let already = checkpoint_every > 0 && done.is_multiple_of(checkpoint_every);
-    let unchanged = resume_done == Some(done);
-    if done > 0 && !already && !unchanged {
-        save_checkpoint(dir, identity, ctx, true)?;
+/// A checkpoint error as the run reports it: a failed collective or a pipeline that refused
+/// the saved state as they are reported elsewhere in the run (a peer's failure is told apart from
+/// the failing rank's own error by [`train_threads`]), anything else as a checkpoint error.
+fn checkpoint_failure(e: CheckpointError) -> RunError {
+    match e {
+        CheckpointError::Comm(e) => RunError::Comm(e),
+        CheckpointError::Restore(e) | CheckpointError::Pipeline(e) => RunError::Pipeline(e),
+        e => RunError::Checkpoint(e),
     }
-    Ok(())
 }
 
 /// After training: rank 0's `model.safetensors`, the `export` file, this rank's own model and
@@ -889,12 +905,12 @@ fn save_final_checkpoint(
 fn final_models(
     cfg: &TrainConfig,
     model: Classifier,
-    group: &Group,
+    pipeline: &Pipeline<Classifier>,
     run_dir: Option<&Path>,
     data: &TrainTest,
     device: &Device,
 ) -> Result<(Evaluation, Evaluation, FlatBuffer), RunError> {
-    let rank = group.rank();
+    let rank = pipeline.group().rank();
     // Rank 0's own final model, in its PyTorch twin's state_dict layout.
     if let (0, Some(dir)) = (rank, run_dir) {
         save_pytorch_safetensors(&model, &dir.join(MODEL_FILE)).map_err(|e| RunError::Output {
@@ -912,7 +928,7 @@ fn final_models(
     let params = flatten_params(&model, &ParamSelection::All)
         .map_err(RunError::Comm)?
         .buffer;
-    let averaged = average_model(model, group)?;
+    let averaged = pipeline.world_average(model)?;
     // `export` alone: rank 0 writes the world average.
     if let Some(path) = &cfg.export
         && cfg.export_rank.is_none()
@@ -955,16 +971,6 @@ fn inject(
     Ok(())
 }
 
-/// The world average of the ranks' models (for evaluation; the ranks' own models are unchanged).
-fn average_model(model: Classifier, group: &Group) -> Result<Classifier, RunError> {
-    let mut flat = flatten_params(&model, &ParamSelection::All)?;
-    match &mut flat.buffer {
-        FlatBuffer::F32(v) => group.average_slice(v)?,
-        FlatBuffer::F64(v) => group.average_slice(v)?,
-    }
-    Ok(write_params(model, &flat)?)
-}
-
 /// Write `model` to the `export` file (PyTorch layout, atomically; [`crate::export`]).
 fn export_model(model: &Classifier, path: &Path) -> Result<(), RunError> {
     save_pytorch_safetensors(model, path).map_err(|e| RunError::Output {
@@ -985,46 +991,6 @@ fn sync_run_files(
     if let Some(e) = evals {
         e.sync().map_err(output_error("eval.csv"))?;
     }
-    Ok(())
-}
-
-/// Collective checkpoint save: rank 0 prepares the staging directory, every rank writes its
-/// file, rank 0 seals it and, when `publish`, points `latest` at it (otherwise the caller
-/// publishes it with [`CheckpointDir::publish`] once what must survive with it is durable).
-/// Barriers keep the steps in order.
-pub fn save_checkpoint(
-    dir: &CheckpointDir,
-    identity: &RunIdentity,
-    ctx: &CheckpointContext<'_, Classifier>,
-    publish: bool,
-) -> Result<(), RunError> {
-    let rank = ctx.group.rank();
-    if rank == 0 {
-        dir.begin(ctx.iterations_done)?;
-    }
-    ctx.group.barrier()?;
-    let ckpt = RankCheckpoint::capture(
-        rank,
-        identity.clone(),
-        ctx.iterations_done,
-        ctx.skipped_steps,
-        ctx.data,
-        ctx.averager.clone(),
-        ctx.pending_average.clone(),
-        ctx.outer.clone(),
-        ctx.hook.clone(),
-        ctx.model,
-        ctx.optimizer,
-    )?;
-    dir.write_rank(ctx.iterations_done, &ckpt)?;
-    ctx.group.barrier()?;
-    if rank == 0 {
-        dir.seal(ctx.iterations_done, identity)?;
-        if publish {
-            dir.publish(ctx.iterations_done)?;
-        }
-    }
-    ctx.group.barrier()?;
     Ok(())
 }
 

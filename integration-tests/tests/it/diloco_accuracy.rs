@@ -33,7 +33,7 @@ fn run(seed: u64, tweak: impl Fn(&mut TrainConfig)) -> (f64, u64) {
 
 fn diloco(c: &mut TrainConfig) {
     c.algorithm = AlgorithmKind::Diloco;
-    c.period = 50;
+    c.period = Some(50);
     c.warmup = 0;
 }
 

@@ -3,3 +3,4 @@
 
 mod default_run_accuracy;
 mod diloco_accuracy;
+mod three_entry_points;

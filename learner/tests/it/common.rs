@@ -6,101 +6,33 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use burn::data::dataloader::batcher::Batcher;
-use burn::data::dataloader::{DataLoader, DataLoaderBuilder};
+use burn::data::dataloader::DataLoaderBuilder;
 use burn::data::dataset::InMemDataset;
 use burn::module::Module;
-use burn::nn::loss::CrossEntropyLoss;
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::Device;
 use burn_train::checkpoint::KeepLastNCheckpoints;
-use burn_train::{
-    ClassificationOutput, InferenceStep, Learner, LearningResult, SupervisedTraining, TrainOutput,
-    TrainStep, TrainingStrategy,
-};
-use localsgd_comm::ThreadWorld;
+use burn_train::{Learner, LearningResult, SupervisedTraining, TrainingStrategy};
 use localsgd_comm::params::{FlatBuffer, ParamSelection, flatten_params};
+use localsgd_comm::{GroupExt, ThreadWorld};
 use localsgd_learner::{LocalSgdStrategy, StrategyConfig};
 use localsgd_trainer::algorithm;
 use localsgd_trainer::config::TrainConfig;
-use localsgd_trainer::model::{Mlp, MlpConfig};
 use localsgd_trainer::pipeline::{IterSource, Outcome, Pipeline, PipelineOptions};
 
-pub const LR: f64 = 0.1;
-pub const BATCH: usize = 32;
+// The model, items, batcher and constants are the `mpi_digits` example's (one definition for
+// the example, its MPI test and these tests).
+#[path = "../../examples/mpi_digits/digits.rs"]
+pub mod digits;
 
-#[derive(Clone, Debug)]
-pub struct Item {
-    pub x: Vec<f32>,
-    pub y: u32,
-}
-
-#[derive(Clone, Debug)]
-pub struct Batch {
-    pub x: Tensor<2>,
-    pub y: Tensor<1, Int>,
-}
-
-#[derive(Clone, Debug, Default)]
-pub struct DigitsBatcher;
-
-impl Batcher<Item, Batch> for DigitsBatcher {
-    fn batch(&self, items: Vec<Item>, device: &Device) -> Batch {
-        let dim = items[0].x.len();
-        let x: Vec<f32> = items.iter().flat_map(|i| i.x.iter().copied()).collect();
-        let y: Vec<i64> = items.iter().map(|i| i.y as i64).collect();
-        Batch {
-            x: Tensor::from_data(TensorData::new(x, [items.len(), dim]), device),
-            y: Tensor::from_data(TensorData::new(y, [items.len()]), device),
-        }
-    }
-}
-
-#[derive(Module, Debug)]
-pub struct Net {
-    pub mlp: Mlp,
-}
-
-impl Net {
-    pub fn new(device: &Device) -> Self {
-        let config = MlpConfig {
-            input: 64,
-            hidden: vec![64],
-            classes: 10,
-        };
-        Net {
-            mlp: config.init(7, device).unwrap(),
-        }
-    }
-
-    pub fn classify(&self, batch: Batch) -> ClassificationOutput {
-        let logits = self.mlp.forward(batch.x);
-        let loss =
-            CrossEntropyLoss::new(None, &logits.device()).forward(logits.clone(), batch.y.clone());
-        ClassificationOutput::new(loss, logits, batch.y)
-    }
-}
-
-impl TrainStep for Net {
-    type Input = Batch;
-    type Output = ClassificationOutput;
-    fn step(&self, batch: Batch) -> TrainOutput<ClassificationOutput> {
-        let out = self.classify(batch);
-        TrainOutput::new(self, out.loss.backward(), out)
-    }
-}
-
-impl InferenceStep for Net {
-    type Input = Batch;
-    type Output = ClassificationOutput;
-    fn step(&self, batch: Batch) -> ClassificationOutput {
-        self.classify(batch)
-    }
-}
-
-pub type Loader = Arc<dyn DataLoader<Batch>>;
+pub use digits::{BATCH, Batch, DigitsBatcher, Item, LR, Loader, Net};
 
 /// The digits' training and test splits as loaders of 32 (file order, no shuffling).
 pub fn loaders() -> (Loader, Loader) {
+    loaders_shuffled(None)
+}
+
+/// [`loaders`], the training loader shuffled with `seed` when given.
+pub fn loaders_shuffled(seed: Option<u64>) -> (Loader, Loader) {
     let data = localsgd_trainer::data::digits::load().unwrap();
     let items = |d: &localsgd_trainer::data::Dataset| -> Vec<Item> {
         (0..d.len())
@@ -110,9 +42,11 @@ pub fn loaders() -> (Loader, Loader) {
             })
             .collect()
     };
-    let train = DataLoaderBuilder::new(DigitsBatcher)
-        .batch_size(BATCH)
-        .build(InMemDataset::new(items(&data.train)));
+    let mut train = DataLoaderBuilder::new(DigitsBatcher).batch_size(BATCH);
+    if let Some(seed) = seed {
+        train = train.shuffle(seed);
+    }
+    let train = train.build(InMemDataset::new(items(&data.train)));
     let test = DataLoaderBuilder::new(DigitsBatcher)
         .batch_size(BATCH)
         .build(InMemDataset::new(items(&data.test)));
@@ -130,7 +64,33 @@ pub fn optimizer() -> burn::optim::ModuleOptimizer {
     })
 }
 
-/// `epochs` epochs through `SupervisedTraining` with the strategy; rank 0's final model.
+/// `epochs` epochs through `SupervisedTraining` with `strategy` (kept by the caller, to read
+/// its report and the ranks' own models).
+pub fn run_with_strategy(
+    dir: &Path,
+    strategy: Arc<LocalSgdStrategy>,
+    epochs: usize,
+    lr: f64,
+) -> LearningResult<Net> {
+    run_with_strategy_on(dir, strategy, epochs, lr, loaders())
+}
+
+/// [`run_with_strategy`] on the given loaders.
+pub fn run_with_strategy_on(
+    dir: &Path,
+    strategy: Arc<LocalSgdStrategy>,
+    epochs: usize,
+    lr: f64,
+    (train, valid): (Loader, Loader),
+) -> LearningResult<Net> {
+    SupervisedTraining::new(dir, train, valid)
+        .with_training_strategy(TrainingStrategy::Custom(strategy))
+        .with_application_logger(None)
+        .num_epochs(epochs)
+        .launch(Learner::new(Net::new(&device()), optimizer(), lr))
+}
+
+/// `epochs` epochs through `SupervisedTraining` with the strategy; the world-averaged model.
 pub fn run_strategy(
     dir: &Path,
     config: StrategyConfig,
@@ -167,9 +127,17 @@ pub fn run_strategy_with_lr(
     training.launch(Learner::new(Net::new(&device()), optimizer(), lr))
 }
 
-/// The same run through the localsgd `Pipeline`: 2 thread ranks, each on its contiguous half
-/// of the items, `epochs` epochs; rank 0's final parameters.
-pub fn run_pipeline(config: &StrategyConfig, epochs: usize) -> Vec<f32> {
+/// What a run through the localsgd `Pipeline` ends with.
+pub struct PipelineRun {
+    /// Each rank's own final parameters, in rank order.
+    pub ranks: Vec<Vec<f32>>,
+    /// The world average of the final parameters (as every rank computes it).
+    pub averaged: Vec<f32>,
+}
+
+/// The same run through the localsgd `Pipeline`: `config.workers` thread ranks, each on its
+/// contiguous share of the items, `epochs` epochs.
+pub fn run_pipeline(config: &StrategyConfig, epochs: usize) -> PipelineRun {
     run_pipeline_accumulating(config, epochs, 1)
 }
 
@@ -178,18 +146,10 @@ pub fn run_pipeline_accumulating(
     config: &StrategyConfig,
     epochs: usize,
     accumulate: usize,
-) -> Vec<f32> {
+) -> PipelineRun {
     let (train, _) = loaders();
     let world = ThreadWorld::new(config.workers).unwrap();
-    let spec = TrainConfig {
-        algorithm: config.algorithm,
-        workers: config.workers,
-        warmup: config.warmup,
-        period: config.period.unwrap_or(1),
-        ..TrainConfig::default()
-    }
-    .algorithm_spec()
-    .unwrap();
+    let spec = config.algorithm.clone();
     let results = world
         .run(|group| {
             let parts = algorithm::build(&spec, &group).unwrap();
@@ -223,10 +183,17 @@ pub fn run_pipeline_accumulating(
                 }
             }
             let model = pipeline.finish(model).unwrap();
-            params(&model)
+            let own = params(&model);
+            let mut averaged = own.clone();
+            group.average_slice(&mut averaged).unwrap();
+            (own, averaged)
         })
         .unwrap();
-    results.into_iter().next().unwrap()
+    let averaged = results[0].1.clone();
+    PipelineRun {
+        ranks: results.into_iter().map(|(own, _)| own).collect(),
+        averaged,
+    }
 }
 
 /// Every float of a model, in visiting order.

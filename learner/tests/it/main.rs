@@ -3,6 +3,10 @@
 
 mod common;
 mod config_errors;
+mod console;
+// `mpirun -np 2` of the `mpi_digits` example against thread ranks.
+#[cfg(feature = "mpi")]
+mod mpi;
 mod one_process_per_rank;
 mod resume_and_stop;
 mod strategy_vs_pipeline;

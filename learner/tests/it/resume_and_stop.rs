@@ -1,8 +1,10 @@
-//! Resume and stopping through `SupervisedTraining` with the strategy (post-local SGD, warmup
-//! 10, period 4, 2 thread ranks, 23 optimizer steps per epoch): a run stopped by early stopping
-//! after epoch 2 and resumed from burn-train's checkpoint 2 ends with the parameters of the
-//! uninterrupted 3-epoch run, to the bit (ranks whose replicas differ between averages resume
-//! from their own checkpoints); early stopping after epoch 1 stops every rank there (the
+//! Resume and stopping through `SupervisedTraining` with the strategy (2 thread ranks, 23
+//! optimizer steps per epoch): a run stopped by early stopping after epoch 2 and resumed from
+//! burn-train's checkpoint 2 ends with the parameters of the uninterrupted 3-epoch run, to the
+//! bit, for post-local SGD (warmup 10, period 4) and every algorithm with state of its own
+//! (DiLoCo's `θ` and outer momentum, Streaming DiLoCo's fragments, an overlapped average in
+//! flight, SlowMo's slow momentum; ranks whose replicas differ between averages resume from
+//! their own checkpoints); early stopping after epoch 1 stops every rank there (the
 //! parameters of a 1-epoch run); an interrupter stop mid-run returns promptly on all ranks.
 
 use crate::common;
@@ -12,7 +14,7 @@ use std::time::{Duration, Instant};
 use burn_train::EarlyStoppingStrategy;
 use burn_train::metric::store::EventStoreClient;
 use common::*;
-use localsgd_learner::StrategyConfig;
+use localsgd_learner::{AlgorithmSpec, StrategyConfig};
 
 /// Stops after the given epoch.
 #[derive(Clone)]
@@ -25,33 +27,80 @@ impl EarlyStoppingStrategy for StopAfter {
 }
 
 fn config() -> StrategyConfig {
-    StrategyConfig::post_local_sgd(10, 4)
+    StrategyConfig::new(AlgorithmSpec::post_local_sgd(10, 4))
 }
 
-#[test]
-fn a_stopped_and_resumed_run_equals_the_uninterrupted_one() {
+/// Stopped by early stopping after epoch 2, resumed from burn-train's checkpoint 2: the
+/// parameters of the uninterrupted 3-epoch run, to the bit.
+fn check_resume(config: StrategyConfig) {
     let full_dir = tempfile::tempdir().unwrap();
-    let full = run_strategy(full_dir.path(), config(), 3, None, |t| t);
+    let full = run_strategy(full_dir.path(), config.clone(), 3, None, |t| t);
     assert!(full.error.is_none(), "{:?}", full.error);
 
     let dir = tempfile::tempdir().unwrap();
-    let first = run_strategy(dir.path(), config(), 3, None, |t| {
+    let first = run_strategy(dir.path(), config.clone(), 3, None, |t| {
         t.early_stopping(StopAfter(2))
     });
     assert!(first.error.is_none(), "{:?}", first.error);
     assert_ne!(params(&first.model), params(&full.model));
-    // Rank 1's own checkpoint and both ranks' schedules are beside burn-train's.
+    // Rank 1's own checkpoint and both ranks' states are beside burn-train's.
     let state = dir.path().join("checkpoint/localsgd");
     for file in [
         "rank-0-epoch-2.json",
+        "rank-0-epoch-2.pipeline",
         "rank-1-epoch-2.json",
+        "rank-1-epoch-2.pipeline",
         "rank-1/model-2.bpk",
     ] {
         assert!(state.join(file).exists(), "{file}");
     }
-    let resumed = run_strategy(dir.path(), config(), 3, Some(2), |t| t);
+    let resumed = run_strategy(dir.path(), config.clone(), 3, Some(2), |t| t);
     assert!(resumed.error.is_none(), "{:?}", resumed.error);
-    assert_eq!(params(&resumed.model), params(&full.model));
+    assert_eq!(
+        params(&resumed.model),
+        params(&full.model),
+        "{:?}",
+        config.algorithm.kind
+    );
+}
+
+#[test]
+fn a_stopped_and_resumed_run_equals_the_uninterrupted_one() {
+    check_resume(config());
+}
+
+/// DiLoCo's `θ` and outer momentum come back from the pipeline state file.
+#[test]
+fn diloco_resumes_with_theta_and_outer_momentum() {
+    check_resume(StrategyConfig::new(AlgorithmSpec::diloco(4).with_warmup(2)));
+}
+
+/// Streaming DiLoCo (2 fragments, each all-reduce started a step early, 1 warmup step): the
+/// fragments' `θ`, momentum and the pseudo-gradient started at step 45, in flight at the end of
+/// epoch 2 (46 steps).
+#[test]
+fn streaming_diloco_resumes_with_its_fragments() {
+    let mut spec = AlgorithmSpec::streaming_diloco(4, 2).with_warmup(1);
+    if let Some(outer) = &mut spec.outer {
+        outer.streaming = outer.streaming.map(|s| s.with_delay(1));
+    }
+    check_resume(StrategyConfig::new(spec));
+}
+
+/// Overlapped averaging (warmup 4, period 4, applied 2 steps later): epoch 2 ends (46 steps)
+/// with the average started at step 44 in flight, saved pending and applied at step 46 after
+/// the resume.
+#[test]
+fn overlapped_averaging_resumes_with_its_average_pending() {
+    let mut spec = AlgorithmSpec::post_local_sgd(4, 4);
+    spec.overlap = 2;
+    check_resume(StrategyConfig::new(spec));
+}
+
+/// SlowMo with fairscale's two frequencies (plain averages every 2 steps, slow step every 6).
+#[test]
+fn slowmo_resumes_with_its_slow_momentum() {
+    check_resume(StrategyConfig::new(AlgorithmSpec::slowmo(2, 6)));
 }
 
 #[test]

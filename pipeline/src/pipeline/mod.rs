@@ -8,15 +8,23 @@
 //! "average inside `optimizer.step()`" design can (the book's semantics §5).
 
 mod error;
+mod inner;
+mod iteration;
 mod phase;
 mod source;
+mod step;
 
 pub use error::PipelineError;
+pub use inner::InnerOptimizer;
 pub use phase::{ITERATION_ORDER, Phase, PhaseTimes};
 pub use source::{BatchSource, DataPosition, IterSource, SourceError};
+pub use step::{ForwardBackward, LossFn, MicroBatch, StepOutput};
+
+use inner::Inner;
+use iteration::Iteration;
 
 use burn::module::Module;
-use burn::optim::lr_scheduler::module_lr_scheduler::{ModuleLearningRate, ModuleLrScheduler};
+use burn::optim::lr_scheduler::module_lr_scheduler::ModuleLrScheduler;
 use burn::optim::{GradientsAccumulator, GradientsParams, ModuleOptimizer};
 use burn::tensor::Tensor;
 use localsgd_averagers::{
@@ -25,8 +33,8 @@ use localsgd_averagers::{
 };
 use localsgd_comm::params::{FlatBuffer, ParamSelection, flatten_grads, grads_from_flat};
 use localsgd_comm::{Group, GroupExt, ReduceOp, Traffic};
-use localsgd_hooks::{CommHook, GradientReducer, HookState, InFlightGrads};
-use std::time::{Duration, Instant};
+use localsgd_hooks::{CommHook, GradientReducer, HookState};
+use std::time::Instant;
 
 /// Knobs of the pipeline itself (the algorithm lives in the hook and averager).
 #[derive(Debug, Clone, PartialEq)]
@@ -43,10 +51,15 @@ pub struct PipelineOptions {
     /// Micro-batches per optimizer step (gradient accumulation; 1: none). Each iteration fetches
     /// this many batches, runs `loss / accumulate` backward on each and sums the gradients (what
     /// PyTorch's usual accumulation loop computes), then syncs, steps and averages once: the
-    /// hook's `iter`, the averager's step and the schedule count optimizer steps. An epoch whose
-    /// shard has fewer than `accumulate` batches left ends there on every rank (the remainder is
-    /// not stepped). The reported loss is the mean of the micro-batches' losses.
+    /// hook's `iter`, the averager's step and the schedule count optimizer steps. Every
+    /// micro-batch is trained: what happens at an epoch's end is [`accumulation`]'s rule. The
+    /// reported loss is the mean of the micro-batches' losses.
+    ///
+    /// [`accumulation`]: Self::accumulation
     pub accumulate: usize,
+    /// How a step's micro-batches meet an epoch's end (semantics §5.1). Default
+    /// [`Accumulation::Stream`], PyTorch's iteration-based loops.
+    pub accumulation: Accumulation,
     /// Skip the optimizer step when a gradient is NaN or infinite (counted and reported). Model
     /// averaging still runs, so counters stay aligned on all ranks.
     pub skip_non_finite: bool,
@@ -75,6 +88,7 @@ impl Default for PipelineOptions {
             buffers: BufferPolicy::Broadcast,
             clip_grad_norm: None,
             accumulate: 1,
+            accumulation: Accumulation::Stream,
         }
     }
 }
@@ -97,6 +111,25 @@ pub enum BufferPolicy {
     Average,
     /// Never communicated: each rank keeps its own statistics.
     Local,
+}
+
+/// What a step's micro-batches do at an epoch's end ([`PipelineOptions::accumulation`]). Both
+/// rules train on every micro-batch; each micro-batch's loss is divided by `accumulate` (also
+/// in a step of fewer), as PyTorch's accumulation loops and Lightning do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[serde(rename_all = "kebab-case")]
+pub enum Accumulation {
+    /// One stream of micro-batches across epochs, as an iteration-based PyTorch loop draws
+    /// them: a step whose source runs dry asks it for its next epoch
+    /// ([`BatchSource::next_epoch`]) and goes on filling there. Where the source has no next
+    /// epoch (the end of the run's data) the micro-batches fetched make a last step of fewer.
+    #[default]
+    Stream,
+    /// Lightning's rule: the last step of every epoch takes the micro-batches left, fewer than
+    /// `accumulate` when the epoch's batches are not a multiple of it; the next epoch starts a
+    /// fresh step.
+    EpochEnd,
 }
 
 /// What one completed iteration did.
@@ -125,6 +158,26 @@ pub enum Outcome<M> {
     Trained(M, IterationReport),
     /// Some rank ran out of data: every rank ends the epoch here, together.
     EndOfData(M),
+}
+
+/// What a checkpoint gives back to a pipeline ([`Pipeline::restore`]).
+#[derive(Default)]
+pub struct RestoredState {
+    /// Iterations completed before the checkpoint.
+    pub iterations_done: u64,
+    /// Optimizer steps skipped for non-finite gradients before the checkpoint.
+    pub skipped_steps: u64,
+    /// The optimizer with its saved state (momentum, Adam moments); `None` keeps the pipeline's
+    /// own (an inner optimizer that restores itself, as burn-train's `Learner` does).
+    pub optimizer: Option<ModuleOptimizer>,
+    /// The averager's state (its step counter), if the run averages.
+    pub averager: Option<AveragerState>,
+    /// The hook's state (the post-local SGD `iter`), if the run syncs gradients.
+    pub hook: Option<HookState>,
+    /// An overlapped average started and not yet applied.
+    pub pending_average: Option<PendingAverage>,
+    /// The outer averager's `θ`, outer momentum and outer-step count.
+    pub outer: Option<OuterState>,
 }
 
 /// Everything a checkpoint needs from the pipeline at the end of an iteration.
@@ -174,8 +227,7 @@ pub struct GradientSync {
 /// the pipeline runs the phases.
 pub struct Pipeline<M> {
     group: Group,
-    optimizer: ModuleOptimizer,
-    lr_scheduler: Option<ModuleLrScheduler>,
+    inner: Inner<M>,
     sync: Option<GradientSync>,
     averager: Option<Box<dyn ModelAverager>>,
     options: PipelineOptions,
@@ -192,11 +244,35 @@ impl<M: Module> Pipeline<M> {
     /// A pipeline on `group` with `optimizer`, no gradient sync and no averaging (add them with
     /// [`with_gradient_sync`](Self::with_gradient_sync) and [`with_averager`](Self::with_averager)).
     pub fn new(group: Group, optimizer: ModuleOptimizer, options: PipelineOptions) -> Self {
+        let lr = options.lr;
+        Self::with_inner(
+            group,
+            Inner::Module {
+                optimizer,
+                scheduler: None,
+                lr,
+            },
+            options,
+        )
+    }
+
+    /// A pipeline that steps through `optimizer`, whose state (and learning-rate schedule) the
+    /// pipeline does not own: burn-train's `Learner` (the `localsgd-learner` strategy). Its
+    /// `options.lr` and [`with_lr_scheduler`](Self::with_lr_scheduler) are unused; its
+    /// checkpoint phase cannot save the optimizer ([`PipelineError::Config`] if one is due).
+    pub fn with_inner_optimizer(
+        group: Group,
+        optimizer: Box<dyn InnerOptimizer<M>>,
+        options: PipelineOptions,
+    ) -> Self {
+        Self::with_inner(group, Inner::Custom(optimizer), options)
+    }
+
+    fn with_inner(group: Group, inner: Inner<M>, options: PipelineOptions) -> Self {
         let broadcast_start = options.broadcast_start;
         Self {
             group,
-            optimizer,
-            lr_scheduler: None,
+            inner,
             sync: None,
             averager: None,
             options,
@@ -220,12 +296,17 @@ impl<M: Module> Pipeline<M> {
     /// the step is skipped for non-finite gradients, so the schedule follows the iteration count
     /// on every rank. On a resumed pipeline (before or after [`restore`](Self::restore)) the
     /// scheduler is replayed to the restored iteration: exact for schedules that depend on the
-    /// step count alone, as all of burn's and ours do.
-    pub fn with_lr_scheduler(mut self, mut scheduler: ModuleLrScheduler) -> Self {
-        for _ in 0..self.iteration {
-            scheduler.step();
+    /// step count alone, as all of burn's and ours do. Unused with an
+    /// [`InnerOptimizer`], which schedules its own rate.
+    pub fn with_lr_scheduler(mut self, scheduler: ModuleLrScheduler) -> Self {
+        if let Inner::Module {
+            scheduler: slot, ..
+        } = &mut self.inner
+        {
+            *slot = Some(scheduler);
+            let done = self.iteration;
+            self.inner.replay_schedule(done);
         }
-        self.lr_scheduler = Some(scheduler);
         self
     }
 
@@ -267,9 +348,10 @@ impl<M: Module> Pipeline<M> {
         &self.group
     }
 
-    /// The optimizer.
-    pub fn optimizer(&self) -> &ModuleOptimizer {
-        &self.optimizer
+    /// burn's optimizer (its record holds momentum and Adam state); `None` for a pipeline built
+    /// [`with_inner_optimizer`](Self::with_inner_optimizer).
+    pub fn optimizer(&self) -> Option<&ModuleOptimizer> {
+        self.inner.module_optimizer()
     }
 
     /// The averager, if any.
@@ -286,17 +368,17 @@ impl<M: Module> Pipeline<M> {
     /// overlapped average that was pending and an outer averager's `θ` and momentum (which an
     /// outer averager requires). The caller restores the model parameters and the data
     /// position. Fails, before changing the averager, when the saved states do not fit it.
-    #[allow(clippy::too_many_arguments)]
-    pub fn restore(
-        &mut self,
-        iterations_done: u64,
-        skipped_steps: u64,
-        optimizer: ModuleOptimizer,
-        averager: Option<&AveragerState>,
-        hook: Option<&HookState>,
-        pending_average: Option<PendingAverage>,
-        outer: Option<&OuterState>,
-    ) -> Result<(), PipelineError> {
+    pub fn restore(&mut self, state: RestoredState) -> Result<(), PipelineError> {
+        let RestoredState {
+            iterations_done,
+            skipped_steps,
+            optimizer,
+            averager,
+            hook,
+            pending_average,
+            outer,
+        } = state;
+        let (averager, hook, outer) = (averager.as_ref(), hook.as_ref(), outer.as_ref());
         match (self.averager.as_mut().and_then(|a| a.outer_mut()), outer) {
             (Some(o), Some(state)) => o.load_global_state(state)?,
             (None, None) => {}
@@ -350,12 +432,24 @@ impl<M: Module> Pipeline<M> {
                 )));
             }
         }
-        self.optimizer = optimizer;
-        if let Some(scheduler) = &mut self.lr_scheduler {
-            for _ in 0..iterations_done {
-                scheduler.step();
+        match (&mut self.inner, optimizer) {
+            (
+                Inner::Module {
+                    optimizer: slot, ..
+                },
+                Some(optimizer),
+            ) => *slot = optimizer,
+            (Inner::Custom(_), Some(_)) => {
+                return Err(PipelineError::Config(
+                    "a restored burn optimizer was given to a pipeline whose inner optimizer \
+                     keeps its own state (`with_inner_optimizer`): restore that optimizer \
+                     instead"
+                        .into(),
+                ));
             }
+            (_, None) => {}
         }
+        self.inner.replay_schedule(iterations_done);
         self.iteration = iterations_done;
         self.skipped_steps = skipped_steps;
         // A resumed run continues from each rank's own saved state (local SGD replicas differ
@@ -364,258 +458,349 @@ impl<M: Module> Pipeline<M> {
         Ok(())
     }
 
-    /// Run one iteration: every phase of [`ITERATION_ORDER`], in order.
+    /// Run one iteration, every phase of [`ITERATION_ORDER`] in order, with `loss_fn` as the
+    /// forward/backward phase (`loss_fn(model, batch)` is the batch's mean loss; see
+    /// [`LossFn`]).
     pub fn run_iteration<B>(
         &mut self,
         model: M,
         source: &mut dyn BatchSource<B>,
         loss_fn: &dyn Fn(&M, &B) -> Tensor<1>,
     ) -> Result<Outcome<M>, PipelineError> {
+        self.run_iteration_with(model, source, &mut LossFn(loss_fn))
+    }
+
+    /// Run one iteration, every phase of [`ITERATION_ORDER`] in order, with `step` as the
+    /// forward/backward phase. Each phase is one method; the order below is the only place the
+    /// phases are sequenced.
+    pub fn run_iteration_with<B>(
+        &mut self,
+        model: M,
+        source: &mut dyn BatchSource<B>,
+        step: &mut dyn ForwardBackward<M, B>,
+    ) -> Result<Outcome<M>, PipelineError> {
         // Setup, not part of iteration 0's counters (like creating subgroups).
-        let model = if self.start_pending {
-            let m = broadcast_in_group(
-                settle_if_buffers(model),
-                &ParamSelection::All,
-                &self.group,
-                0,
-            )?;
-            self.start_pending = false;
-            m
-        } else {
-            model
-        };
-        let traffic_start = self.group.traffic();
-        let mut times = PhaseTimes::default();
-        let mut model = model;
-        let micro = self.options.accumulate.max(1);
-        let mut batches: Vec<B> = Vec::with_capacity(micro);
-        let mut loss_value = 0f32;
-        let mut grads: Option<GradientsParams> = None;
-        let mut in_flight: Option<InFlightGrads> = None;
-        let mut selection: Option<ParamSelection> = None;
-        let mut skipped_step = false;
-        let mut global_loss = None;
-        let mut lr_used = self.options.lr;
-
-        let mut waiting_total = Duration::ZERO;
-        for phase in ITERATION_ORDER {
-            let started = Instant::now();
-            let collectives_before = self.group.traffic().collectives;
-            // Each phase takes the model and hands it on (moved, so none can lose it).
-            let m = model;
-            let m = match phase {
-                Phase::FetchBatch => {
-                    while batches.len() < micro {
-                        match source.next_batch().map_err(PipelineError::Data)? {
-                            Some(b) => batches.push(b),
-                            None => break,
-                        }
-                    }
-                    m
-                }
-                Phase::AgreeHasData => {
-                    let all = self
-                        .group
-                        .all_true(batches.len() == micro)
-                        .map_err(PipelineError::comm(phase))?;
-                    if !all {
-                        self.observe(phase, collectives_before);
-                        return Ok(Outcome::EndOfData(m));
-                    }
-                    if self.options.buffers == BufferPolicy::Broadcast {
-                        broadcast_buffers(m, &self.group)?
-                    } else {
-                        m
-                    }
-                }
-                Phase::ForwardBackward => {
-                    if batches.len() != micro {
-                        return Err(PipelineError::Config("no batch after agreement".into()));
-                    }
-                    if micro == 1 {
-                        let loss = loss_fn(&m, &batches[0]);
-                        loss_value = loss.clone().into_scalar::<f32>();
-                        grads = Some(GradientsParams::from_grads(loss.backward(), &m));
-                    } else {
-                        let mut sum = GradientsAccumulator::<M>::new();
-                        let mut total = 0f32;
-                        for b in batches.drain(..) {
-                            let loss = loss_fn(&m, &b);
-                            total += loss.clone().into_scalar::<f32>();
-                            let scaled = loss / micro as f32;
-                            sum.accumulate(&m, GradientsParams::from_grads(scaled.backward(), &m));
-                        }
-                        loss_value = total / micro as f32;
-                        grads = Some(sum.grads());
-                    }
-                    // An outer averager's θ: the model before the first optimizer step (equal
-                    // on every rank after the start broadcast), over the parameters with a
-                    // gradient (those it will synchronise). Resumed runs restore θ instead.
-                    if let (Some(g), Some(outer)) =
-                        (&grads, self.averager.as_mut().and_then(|a| a.outer_mut()))
-                        && outer.global_params().is_none()
-                    {
-                        outer.reset_global(&m, &ParamSelection::with_grads(&m, g))?;
-                    }
-                    m
-                }
-                Phase::GradientSync => {
-                    if let Some(sync) = &mut self.sync
-                        && let Some(g) = grads.take()
-                    {
-                        in_flight = Some(sync.reducer.start(&m, g, &mut *sync.hook)?);
-                    }
-                    m
-                }
-                Phase::OptimizerStep => {
-                    let lr = match &mut self.lr_scheduler {
-                        Some(s) => s.step(),
-                        None => ModuleLearningRate::from(self.options.lr),
-                    };
-                    lr_used = lr.base();
-                    // SlowMo's slow step divides by the learning rate of the step just taken.
-                    if let Some(outer) = self.averager.as_mut().and_then(|a| a.outer_mut()) {
-                        outer.set_inner_lr(lr_used);
-                    }
-                    // The averager averages "parameters that had a gradient this step": note
-                    // them before the optimizer consumes the gradients, but only when an
-                    // averaging is due (the check is free otherwise).
-                    let note_selection = self
-                        .averager
-                        .as_ref()
-                        .is_some_and(|a| a.scheduled_group().is_some());
-                    match in_flight.take() {
-                        // Pipelined gradient sync: step each bucket's parameters as soon as its
-                        // average arrives (the same result as one step over all of them). The
-                        // time spent waiting for the wire is gradient-sync time.
-                        Some(mut parts)
-                            if parts.is_pipelined()
-                                && !self.options.skip_non_finite
-                                && self.options.clip_grad_norm.is_none() =>
-                        {
-                            if note_selection {
-                                selection = Some(parts.selection(&m));
-                            }
-                            let mut m = m;
-                            loop {
-                                let waiting = Instant::now();
-                                let Some(g) = parts.next_part(&m)? else {
-                                    break;
-                                };
-                                let waited = waiting.elapsed();
-                                times.add(Phase::GradientSync, waited);
-                                waiting_total += waited;
-                                m = self.optimizer.step(lr.clone(), m, g);
-                            }
-                            m
-                        }
-                        parts => {
-                            let g = match parts {
-                                Some(parts) => {
-                                    let waiting = Instant::now();
-                                    let g = parts.wait_all(&m)?;
-                                    let waited = waiting.elapsed();
-                                    times.add(Phase::GradientSync, waited);
-                                    waiting_total += waited;
-                                    g
-                                }
-                                None => grads.take().unwrap_or_default(),
-                            };
-                            if note_selection {
-                                selection = Some(ParamSelection::with_grads(&m, &g));
-                            }
-                            if self.options.skip_non_finite && !grads_finite(&m, &g)? {
-                                skipped_step = true;
-                                self.skipped_steps += 1;
-                                m
-                            } else {
-                                let g = match self.options.clip_grad_norm {
-                                    Some(max_norm) => clip_grad_norm(&m, g, max_norm)?,
-                                    None => g,
-                                };
-                                self.optimizer.step(lr, m, g)
-                            }
-                        }
-                    }
-                }
-                Phase::ModelAveraging => match &mut self.averager {
-                    Some(averager) => {
-                        let sel = selection
-                            .take()
-                            .unwrap_or_else(|| ParamSelection::ids(std::iter::empty()));
-                        let buffers_group = match self.options.buffers {
-                            BufferPolicy::Average => averager.scheduled_group(),
-                            _ => None,
-                        };
-                        let m = averager.average_parameters(m, &sel)?;
-                        match buffers_group {
-                            Some(group) => average_buffers(m, &group)?,
-                            None => m,
-                        }
-                    }
-                    None => m,
-                },
-                Phase::Metrics => {
-                    let every = self.options.metrics_every;
-                    if every > 0 && (self.iteration + 1).is_multiple_of(every) {
-                        let mut v = [loss_value as f64];
-                        self.group
-                            .all_reduce_slice(&mut v, ReduceOp::Mean)
-                            .map_err(PipelineError::comm(phase))?;
-                        global_loss = Some(v[0]);
-                    }
-                    m
-                }
-                Phase::Checkpoint => {
-                    let every = self.options.checkpoint_every;
-                    let due = every > 0
-                        && (self.iteration + 1).is_multiple_of(every)
-                        && self.checkpointer.is_some();
-                    // Buffers are saved with the last forward's update.
-                    let m = if due { settle_if_buffers(m) } else { m };
-                    if due {
-                        // A pending overlapped average is completed (not applied) and saved.
-                        let pending_average = self.pending_average()?;
-                        let outer = self.outer_state()?;
-                        let ctx = CheckpointContext {
-                            pending_average,
-                            outer,
-                            iterations_done: self.iteration + 1,
-                            skipped_steps: self.skipped_steps,
-                            model: &m,
-                            optimizer: &self.optimizer,
-                            averager: self.averager.as_ref().map(|a| a.state()),
-                            hook: self.sync.as_ref().map(|s| s.hook.state()),
-                            data: source.position(),
-                            group: &self.group,
-                        };
-                        if let Some(save) = &mut self.checkpointer {
-                            save(&ctx)?;
-                        }
-                    }
-                    m
-                }
-            };
-            model = m;
-            // Waiting for in-flight gradients inside the optimizer phase was booked as
-            // gradient-sync time above.
-            times.add(phase, started.elapsed().saturating_sub(waiting_total));
-            waiting_total = Duration::ZERO;
-            self.observe(phase, collectives_before);
+        let model = self.broadcast_start(model)?;
+        let mut it = Iteration::new(self.group.traffic());
+        self.phase(Phase::FetchBatch, &mut it, |p, it| {
+            p.fetch_batch(source, it)
+        })?;
+        let (model, go) = self.phase(Phase::AgreeHasData, &mut it, |p, it| {
+            p.agree_has_data(model, it)
+        })?;
+        if !go {
+            return Ok(Outcome::EndOfData(model));
         }
+        let model = self.phase(Phase::ForwardBackward, &mut it, |p, it| {
+            p.forward_backward(model, step, it)
+        })?;
+        self.phase(Phase::GradientSync, &mut it, |p, it| {
+            p.gradient_sync(&model, it)
+        })?;
+        let model = self.phase(Phase::OptimizerStep, &mut it, |p, it| {
+            p.optimizer_step(model, it)
+        })?;
+        let model = self.phase(Phase::ModelAveraging, &mut it, |p, it| {
+            p.model_averaging(model, it)
+        })?;
+        self.phase(Phase::Metrics, &mut it, |p, it| p.metrics(it))?;
+        let model = self.phase(Phase::Checkpoint, &mut it, |p, _| {
+            p.checkpoint(model, &*source)
+        })?;
+        Ok(Outcome::Trained(model, self.complete(it)))
+    }
 
+    /// Run `f` as `phase`: its wall time (less the gradient-sync wait booked inside it) and the
+    /// collectives it issued go to the phase's counters and the observer.
+    fn phase<B, T>(
+        &mut self,
+        phase: Phase,
+        it: &mut Iteration<B>,
+        f: impl FnOnce(&mut Self, &mut Iteration<B>) -> Result<T, PipelineError>,
+    ) -> Result<T, PipelineError> {
+        let started = Instant::now();
+        let collectives_before = self.group.traffic().collectives;
+        let out = f(self, it)?;
+        let waited = std::mem::take(&mut it.waited);
+        it.times
+            .add(phase, started.elapsed().saturating_sub(waited));
+        it.times.add(Phase::GradientSync, waited);
+        if let Some(obs) = &mut self.observer {
+            obs(phase, self.group.traffic().collectives - collectives_before);
+        }
+        Ok(out)
+    }
+
+    /// DDP's construction-time broadcast of rank 0's parameters and buffers, before the first
+    /// iteration of a fresh run.
+    fn broadcast_start(&mut self, model: M) -> Result<M, PipelineError> {
+        if !self.start_pending {
+            return Ok(model);
+        }
+        let m = broadcast_in_group(
+            settle_if_buffers(model),
+            &ParamSelection::All,
+            &self.group,
+            0,
+        )?;
+        self.start_pending = false;
+        Ok(m)
+    }
+
+    /// [`Phase::FetchBatch`]: this step's micro-batches from the local source, across an
+    /// epoch's end under [`Accumulation::Stream`].
+    fn fetch_batch<B>(
+        &mut self,
+        source: &mut dyn BatchSource<B>,
+        it: &mut Iteration<B>,
+    ) -> Result<(), PipelineError> {
+        let micro = self.options.accumulate.max(1);
+        while it.batches.len() < micro {
+            match source.next_batch().map_err(PipelineError::Data)? {
+                Some(b) => it.batches.push(b),
+                None if !it.batches.is_empty()
+                    && self.options.accumulation == Accumulation::Stream
+                    && source.next_epoch().map_err(PipelineError::Data)? => {}
+                None => break,
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Phase::AgreeHasData`]: how many micro-batches every rank has for this step (one small
+    /// all-gather; none on some rank, or counts that differ, end the epoch on every rank
+    /// together, the fetched ones untrained), then [`BufferPolicy::Broadcast`]'s buffers from
+    /// rank 0. A full step on every rank is the rule; a step of fewer is the end of an epoch
+    /// (or of the data) under [`Accumulation`]'s rules.
+    fn agree_has_data<B>(
+        &mut self,
+        model: M,
+        it: &mut Iteration<B>,
+    ) -> Result<(M, bool), PipelineError> {
+        let counts = self
+            .group
+            .all_gather_u64(&[it.batches.len() as u64])
+            .map_err(PipelineError::comm(Phase::AgreeHasData))?;
+        let mine = it.batches.len() as u64;
+        if mine == 0 || counts.iter().any(|&c| c != mine) {
+            return Ok((model, false));
+        }
+        let model = match self.options.buffers {
+            BufferPolicy::Broadcast => broadcast_buffers(model, &self.group)?,
+            _ => model,
+        };
+        Ok((model, true))
+    }
+
+    /// [`Phase::ForwardBackward`]: `step` on every micro-batch, gradients summed; an outer
+    /// averager takes `θ` here before the first optimizer step.
+    fn forward_backward<B>(
+        &mut self,
+        model: M,
+        step: &mut dyn ForwardBackward<M, B>,
+        it: &mut Iteration<B>,
+    ) -> Result<M, PipelineError> {
+        let batches = std::mem::take(&mut it.batches);
+        let fetched = batches.len();
+        // Each micro-batch's loss is divided by the nominal count, also in a step of fewer.
+        let count = self.options.accumulate.max(1);
+        let mut losses = Vec::with_capacity(count);
+        let grads = if fetched == 1 {
+            let Some(batch) = batches.into_iter().next() else {
+                return Err(PipelineError::Config("no batch after agreement".into()));
+            };
+            let out = step
+                .forward_backward(&model, batch, MicroBatch { index: 0, count })
+                .map_err(PipelineError::Data)?;
+            losses.extend(out.loss);
+            out.grads
+        } else {
+            let mut sum = GradientsAccumulator::<M>::new();
+            for (index, batch) in batches.into_iter().enumerate() {
+                let out = step
+                    .forward_backward(&model, batch, MicroBatch { index, count })
+                    .map_err(PipelineError::Data)?;
+                losses.extend(out.loss);
+                sum.accumulate(&model, out.grads);
+            }
+            sum.grads()
+        };
+        // The step's loss: the mean over the micro-batches it took.
+        it.loss = (losses.len() == fetched && fetched > 0)
+            .then(|| losses.iter().sum::<f32>() / fetched as f32);
+        // An outer averager's θ: the model before the first optimizer step (equal on every
+        // rank after the start broadcast), over the parameters with a gradient (those it will
+        // synchronise). Resumed runs restore θ instead.
+        if let Some(outer) = self.averager.as_mut().and_then(|a| a.outer_mut())
+            && outer.global_params().is_none()
+        {
+            outer.reset_global(&model, &ParamSelection::with_grads(&model, &grads))?;
+        }
+        it.grads = Some(grads);
+        Ok(model)
+    }
+
+    /// [`Phase::GradientSync`]: start every bucket's collective through the hook (blocking
+    /// reducers finish here; pipelined ones in the optimizer phase).
+    fn gradient_sync<B>(&mut self, model: &M, it: &mut Iteration<B>) -> Result<(), PipelineError> {
+        if let Some(sync) = &mut self.sync
+            && let Some(g) = it.grads.take()
+        {
+            it.in_flight = Some(sync.reducer.start(model, g, &mut *sync.hook)?);
+        }
+        Ok(())
+    }
+
+    /// [`Phase::OptimizerStep`]: the learning rate of this step (also when it is skipped), then
+    /// the step: bucket by bucket as a pipelined sync's averages arrive, or once over all
+    /// gradients (skipped for non-finite ones, clipped first when set).
+    fn optimizer_step<B>(&mut self, model: M, it: &mut Iteration<B>) -> Result<M, PipelineError> {
+        let lr = self.inner.next_lr();
+        it.lr = lr.base();
+        // SlowMo's slow step divides by the learning rate of the step just taken.
+        if let Some(outer) = self.averager.as_mut().and_then(|a| a.outer_mut()) {
+            outer.set_inner_lr(it.lr);
+        }
+        // The averager averages "parameters that had a gradient this step": note them before
+        // the optimizer consumes the gradients, only when an averaging is due.
+        let note_selection = self
+            .averager
+            .as_ref()
+            .is_some_and(|a| a.scheduled_group().is_some());
+        match it.in_flight.take() {
+            Some(mut parts)
+                if parts.is_pipelined()
+                    && !self.options.skip_non_finite
+                    && self.options.clip_grad_norm.is_none() =>
+            {
+                if note_selection {
+                    it.selection = Some(parts.selection(&model));
+                }
+                let mut model = model;
+                loop {
+                    let waiting = Instant::now();
+                    let Some(g) = parts.next_part(&model)? else {
+                        break;
+                    };
+                    it.waited += waiting.elapsed();
+                    model = self.inner.step(lr.clone(), model, g);
+                }
+                Ok(model)
+            }
+            parts => {
+                let g = match parts {
+                    Some(parts) => {
+                        let waiting = Instant::now();
+                        let g = parts.wait_all(&model)?;
+                        it.waited += waiting.elapsed();
+                        g
+                    }
+                    None => it.grads.take().unwrap_or_default(),
+                };
+                if note_selection {
+                    it.selection = Some(ParamSelection::with_grads(&model, &g));
+                }
+                if self.options.skip_non_finite && !grads_finite(&model, &g)? {
+                    it.skipped_step = true;
+                    self.skipped_steps += 1;
+                    return Ok(model);
+                }
+                let g = match self.options.clip_grad_norm {
+                    Some(max_norm) => clip_grad_norm(&model, g, max_norm)?,
+                    None => g,
+                };
+                Ok(self.inner.step(lr, model, g))
+            }
+        }
+    }
+
+    /// [`Phase::ModelAveraging`]: the averager, once per iteration (also after a skipped step),
+    /// with [`BufferPolicy::Average`]'s buffers on an averaging step.
+    fn model_averaging<B>(&mut self, model: M, it: &mut Iteration<B>) -> Result<M, PipelineError> {
+        let Some(averager) = &mut self.averager else {
+            return Ok(model);
+        };
+        let selection = it
+            .selection
+            .take()
+            .unwrap_or_else(|| ParamSelection::ids(std::iter::empty()));
+        let buffers_group = match self.options.buffers {
+            BufferPolicy::Average => averager.scheduled_group(),
+            _ => None,
+        };
+        let model = averager.average_parameters(model, &selection)?;
+        match buffers_group {
+            Some(group) => average_buffers(model, &group),
+            None => Ok(model),
+        }
+    }
+
+    /// [`Phase::Metrics`]: every `metrics_every` iterations the loss averaged over the ranks.
+    fn metrics<B>(&mut self, it: &mut Iteration<B>) -> Result<(), PipelineError> {
+        let every = self.options.metrics_every;
+        if every > 0 && (self.iteration + 1).is_multiple_of(every) {
+            let mut v = [it.loss.map_or(f64::NAN, f64::from)];
+            self.group
+                .all_reduce_slice(&mut v, ReduceOp::Mean)
+                .map_err(PipelineError::comm(Phase::Metrics))?;
+            it.global_loss = Some(v[0]);
+        }
+        Ok(())
+    }
+
+    /// [`Phase::Checkpoint`]: every `checkpoint_every` iterations, the checkpointer with the
+    /// state after this iteration (a pending overlapped average completed, not applied).
+    fn checkpoint<B>(&mut self, model: M, source: &dyn BatchSource<B>) -> Result<M, PipelineError> {
+        let every = self.options.checkpoint_every;
+        let due =
+            every > 0 && (self.iteration + 1).is_multiple_of(every) && self.checkpointer.is_some();
+        if !due {
+            return Ok(model);
+        }
+        // Buffers are saved with the last forward's update.
+        let model = settle_if_buffers(model);
+        let pending_average = self.pending_average()?;
+        let outer = self.outer_state()?;
+        let optimizer = self.inner.module_optimizer().ok_or_else(|| {
+            PipelineError::Config(
+                "the checkpoint phase saves burn's optimizer, but this pipeline steps an inner \
+                 optimizer that keeps its own state (`with_inner_optimizer`): save it with that \
+                 optimizer's owner and set `checkpoint_every` to 0"
+                    .into(),
+            )
+        })?;
+        let ctx = CheckpointContext {
+            pending_average,
+            outer,
+            iterations_done: self.iteration + 1,
+            skipped_steps: self.skipped_steps,
+            model: &model,
+            optimizer,
+            averager: self.averager.as_ref().map(|a| a.state()),
+            hook: self.sync.as_ref().map(|s| s.hook.state()),
+            data: source.position(),
+            group: &self.group,
+        };
+        if let Some(save) = &mut self.checkpointer {
+            save(&ctx)?;
+        }
+        Ok(model)
+    }
+
+    /// Count the iteration and report it.
+    fn complete<B>(&mut self, it: Iteration<B>) -> IterationReport {
         let report = IterationReport {
             iteration: self.iteration,
-            loss: loss_value,
-            global_loss,
-            skipped_step,
-            lr: lr_used,
-            times,
-            traffic: self.group.traffic() - traffic_start,
+            loss: it.loss.unwrap_or(f32::NAN),
+            global_loss: it.global_loss,
+            skipped_step: it.skipped_step,
+            lr: it.lr,
+            times: it.times,
+            traffic: self.group.traffic() - it.traffic_start,
         };
-        self.times.accumulate(&times);
+        self.times.accumulate(&it.times);
         self.iteration += 1;
-        Ok(Outcome::Trained(model, report))
+        report
     }
 
     /// The overlapped average started and not yet applied, with its collective completed
@@ -638,6 +823,16 @@ impl<M: Module> Pipeline<M> {
         }
     }
 
+    /// The mean of every rank's `model` over the world group, parameters and buffers (one
+    /// fused all-reduce; collective: every rank calls it, with its own model). After local
+    /// steps the replicas differ: this is the model a run of local SGD, DiLoCo or SlowMo
+    /// leaves (the binary evaluates and exports it; the burn-train strategy returns it). The
+    /// ranks' own models are unchanged. Call it after [`finish`](Self::finish).
+    pub fn world_average(&self, model: M) -> Result<M, PipelineError> {
+        let model = settle_if_buffers(model);
+        Ok(average_in_group(model, &ParamSelection::All, &self.group)?)
+    }
+
     /// End training: apply an overlapped average still in flight (every rank, at the same
     /// iteration), so the returned model includes it, and stop the pipelined gradient sync's
     /// helper (an error if a collective was left pending). Call once after the last iteration.
@@ -649,13 +844,6 @@ impl<M: Module> Pipeline<M> {
         match &mut self.averager {
             Some(averager) => Ok(averager.complete_pending(model)?),
             None => Ok(model),
-        }
-    }
-
-    fn observe(&mut self, phase: Phase, collectives_before: u64) {
-        if let Some(obs) = &mut self.observer {
-            let issued = self.group.traffic().collectives - collectives_before;
-            obs(phase, issued);
         }
     }
 }

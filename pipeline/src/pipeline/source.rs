@@ -27,6 +27,13 @@ pub trait BatchSource<B> {
     fn position(&self) -> Option<DataPosition> {
         None
     }
+
+    /// Move to the start of the next epoch, for a step whose micro-batches run across this
+    /// one's end ([`Accumulation::Stream`](super::Accumulation::Stream)); `false` when there is
+    /// none (the end of the run's data; the default, for sources without epochs).
+    fn next_epoch(&mut self) -> Result<bool, SourceError> {
+        Ok(false)
+    }
 }
 
 /// Any iterator of batches is a source (its position is not tracked).

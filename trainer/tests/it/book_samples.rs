@@ -171,12 +171,11 @@ fn compare_prints_what_the_benchmarks_chapter_shows() {
                 Some((head, last)) if last.parse::<f64>().is_ok() => head.trim_end().to_string(),
                 _ => l.to_string(),
             };
-            // The outer optimizers' accuracy on these 4-step rounds depends on the CPU: their
-            // outer momentum overshoots (the chapter says so), which turns the last-bit rounding
-            // of another CPU's SIMD kernels into points. On an AMD EPYC machine diloco,
-            // streaming-diloco and slowmo printed 42.22%, 39.72% and 82.78% where the chapter
-            // (an Intel machine) shows 35.00%, 42.22% and 91.11%; the other rows, bytes and
-            // collectives were equal. Their name, bytes and collectives are still compared.
+            // The outer optimizers' accuracy depends more than the others' on the CPU: their
+            // outer momentum amplifies the last-bit rounding of another CPU's SIMD kernels
+            // (on post-local SGD's 4-step rounds an AMD EPYC machine printed 42.22%, 39.72%
+            // and 82.78% where an Intel machine printed 35.00%, 42.22% and 91.11%). Their
+            // name, bytes and collectives are still compared.
             let fields: Vec<&str> = l.split_whitespace().collect();
             match fields.as_slice() {
                 [name, acc, rest @ ..]

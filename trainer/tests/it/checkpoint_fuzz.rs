@@ -28,7 +28,7 @@ fn saved(algorithm: AlgorithmKind, optimizer: OptimizerKind, overlap: u64) -> Sa
         workers: 2,
         algorithm,
         warmup: 1,
-        period: 2,
+        period: Some(2),
         overlap,
         dataset: DatasetKind::Synthetic,
         synthetic_samples: 96,

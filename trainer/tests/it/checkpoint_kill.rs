@@ -44,7 +44,7 @@ fn identity(extra: &[&str]) -> RunIdentity {
                 cfg.algorithm = AlgorithmKind::StreamingDiloco;
             }
             "--warmup" => cfg.warmup = v.parse().unwrap(),
-            "--period" => cfg.period = v.parse().unwrap(),
+            "--period" => cfg.period = Some(v.parse().unwrap()),
             "--fragments" => cfg.fragments = Some(v.parse().unwrap()),
             "--fragment-sync-delay" => cfg.fragment_sync_delay = Some(v.parse().unwrap()),
             "--fragment-alpha" => cfg.fragment_alpha = Some(v.parse().unwrap()),

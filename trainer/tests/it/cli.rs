@@ -233,7 +233,7 @@ fn bad_input_is_rejected_before_anything_is_written() {
     );
     assert_rejected(
         &base(&["--outer-lr", "0.5"]),
-        "outer settings apply to algorithms `diloco` and `slowmo`, not `post-local-sgd`",
+        "outer settings apply to algorithms `diloco`, `streaming-diloco` and `slowmo`, not `post-local-sgd`",
         &run,
     );
     assert_rejected(
@@ -252,7 +252,14 @@ fn bad_input_is_rejected_before_anything_is_written() {
         &run,
     );
     assert_rejected(
-        &base(&["--algorithm", "streaming-diloco", "--fragments", "5"]),
+        &base(&[
+            "--algorithm",
+            "streaming-diloco",
+            "--period",
+            "4",
+            "--fragments",
+            "5",
+        ]),
         "Only 1 fragment can be syncrhonized at a time",
         &run,
     );
@@ -260,6 +267,8 @@ fn bad_input_is_rejected_before_anything_is_written() {
         &base(&[
             "--algorithm",
             "streaming-diloco",
+            "--period",
+            "4",
             "--fragment-sync-delay",
             "2",
         ]),
@@ -288,7 +297,7 @@ fn bad_input_is_rejected_before_anything_is_written() {
     );
     assert_rejected(
         &base(&["--fragments", "2"]),
-        "outer settings apply to algorithms `diloco` and `slowmo`",
+        "outer settings apply to algorithms `diloco`, `streaming-diloco` and `slowmo`",
         &run,
     );
     assert_rejected(
@@ -360,7 +369,7 @@ fn flags_override_the_config_file() {
         ..Default::default()
     };
     let resolved = flags.resolve().unwrap();
-    assert_eq!(resolved.period, 8);
+    assert_eq!(resolved.period, Some(8));
     assert_eq!(resolved.workers, 2);
     assert_eq!(resolved.hidden, vec![32, 16]);
 }
@@ -990,29 +999,35 @@ fn a_refused_resume_rewrites_nothing() {
     );
 }
 
-/// Accumulating more micro-batches than an epoch holds is refused with the numbers that would
-/// fit, and `accumulate = 0` names the setting.
+/// Accumulating more micro-batches than the run holds is refused with the numbers that would
+/// fit (streamed: the run's epochs; Lightning's rule: one epoch), before anything is written,
+/// and `accumulate = 0` names the setting.
 #[test]
-fn accumulate_beyond_an_epoch_or_zero_is_refused() {
+fn accumulate_beyond_the_data_or_zero_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
-    let out = localsgd(&[
-        "train",
-        "--progress",
-        "false",
-        "--steps",
-        "3",
-        "--accumulate",
-        "1000",
-        "--run-dir",
-        run.to_str().unwrap(),
-    ]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("`accumulate` = 1000") && err.contains("23 batches of 32"),
-        "{err}"
-    );
+    for (flags, valid) in [
+        (
+            ["--epochs", "2", "--accumulation", "stream"],
+            "at most 46: the run's epochs give each rank 46 batches of 32",
+        ),
+        (
+            ["--epochs", "2", "--accumulation", "epoch-end"],
+            "at most 23: each rank's epoch has 23 batches of 32",
+        ),
+    ] {
+        let mut args = vec!["train", "--progress", "false", "--accumulate", "1000"];
+        args.extend(flags);
+        args.extend(["--run-dir", run.to_str().unwrap()]);
+        let out = localsgd(&args);
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("`accumulate` = 1000") && err.contains(valid),
+            "{err}"
+        );
+        assert!(!run.exists(), "a refused run wrote {}", run.display());
+    }
     let out = localsgd(&["train", "--progress", "false", "--accumulate", "0"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
@@ -1023,13 +1038,14 @@ fn accumulate_beyond_an_epoch_or_zero_is_refused() {
 }
 
 /// `warmup-epochs` puts post-local SGD's switch at an epoch boundary: the digits shard of each
-/// of 2 ranks is 23 batches of 32, so 1 epoch is a warmup of 23 optimizer steps (11 with 2
-/// micro-batches per step). Gradients travel (19,240 bytes) until then; after the switch only
+/// of 2 ranks is 23 batches of 32, so 1 epoch is a warmup of 23 optimizer steps (12 with 2
+/// micro-batches per step streamed across epochs: the 12th takes the epoch's last batch and
+/// the next epoch's first). Gradients travel (19,240 bytes) until then; after the switch only
 /// the averaging steps send data.
 #[test]
 fn warmup_epochs_switch_at_the_epoch_boundary() {
     let dir = tempfile::tempdir().unwrap();
-    for (accumulate, warmup) in [("1", 23usize), ("2", 11)] {
+    for (accumulate, warmup) in [("1", 23usize), ("2", 12)] {
         let run = dir.path().join(format!("acc{accumulate}"));
         ok(&localsgd(&[
             "train",

@@ -48,8 +48,6 @@ fn random_faults_end_each_run_cleanly_naming_the_rank() {
             workers.to_string(),
             "--algorithm".into(),
             algorithm.into(),
-            "--period".into(),
-            "2".into(),
             "--warmup".into(),
             "3".into(),
             "--steps".into(),
@@ -63,8 +61,12 @@ fn random_faults_end_each_run_cleanly_naming_the_rank() {
             "--run-dir".into(),
             run.display().to_string(),
         ];
-        if algorithm == "hierarchical" {
-            args.extend(["--levels".into(), format!("2:1,4:{workers}")]);
+        // Each algorithm with the settings it takes: levels for hierarchical averaging, a
+        // period for those that average on one (DDP takes neither).
+        match algorithm {
+            "hierarchical" => args.extend(["--levels".into(), format!("2:1,4:{workers}")]),
+            "ddp" => {}
+            _ => args.extend(["--period".into(), "2".into()]),
         }
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_localsgd"));
         cmd.args(&args).env("LOCALSGD_FAULT", &fault);

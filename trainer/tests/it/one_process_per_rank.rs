@@ -68,7 +68,7 @@ pub fn final_params(dir: &Path, workers: usize) -> Vec<Vec<f32>> {
         workers,
         algorithm: AlgorithmKind::PostLocalSgd,
         warmup: 10,
-        period: 4,
+        period: Some(4),
         ..TrainConfig::default()
     };
     let identity = RunIdentity {

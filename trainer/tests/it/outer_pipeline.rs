@@ -66,6 +66,7 @@ fn spec(kind: AlgorithmKind, warmup: u64, outer: OuterOptimizer) -> AlgorithmSpe
             optimizer: outer,
             reduce: outer.default_reduce(),
             compression: None,
+            slowmo_frequency: None,
             streaming: None,
         }),
     }

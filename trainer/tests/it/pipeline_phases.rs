@@ -28,9 +28,17 @@ fn pipelined_spec(kind: AlgorithmKind, pipelined: bool) -> AlgorithmSpec {
         },
         kind,
         warmup: 2,
-        period: Some(2),
+        // Each algorithm with the settings it takes: DDP neither a period nor levels,
+        // hierarchical averaging levels, the others a period.
+        period: match kind {
+            AlgorithmKind::Ddp | AlgorithmKind::Hierarchical => None,
+            _ => Some(2),
+        },
         overlap: 0,
-        levels: vec![(2, 2).into()],
+        levels: match kind {
+            AlgorithmKind::Hierarchical => vec![(2, 2).into()],
+            _ => Vec::new(),
+        },
         subgroup_size: None,
         post_local_allreduce: true,
         // Small caps: several buckets, so pipelining has something to overlap.

@@ -13,8 +13,13 @@ fn config(
         workers: 2,
         algorithm,
         warmup: 3,
-        period: 2,
-        levels: "2:1,5:2".parse().unwrap(),
+        // Hierarchical averaging on its levels, DDP on none, the others every 2 steps.
+        period: (!matches!(algorithm, AlgorithmKind::Hierarchical | AlgorithmKind::Ddp))
+            .then_some(2),
+        levels: match algorithm {
+            AlgorithmKind::Hierarchical => "2:1,5:2".parse().unwrap(),
+            _ => Default::default(),
+        },
         dataset: DatasetKind::Synthetic,
         synthetic_samples: 200,
         synthetic_dim: 6,
@@ -140,7 +145,7 @@ fn schedules_clipping_and_accumulation_resume_bit_identically() {
 fn diloco_resumes_bit_identically_with_theta_and_outer_momentum() {
     check_resume_with(AlgorithmKind::Diloco, OptimizerKind::Sgd, 0, |c| {
         c.levels = Default::default();
-        c.period = 3;
+        c.period = Some(3);
     });
 }
 
@@ -150,6 +155,7 @@ fn diloco_resumes_bit_identically_with_theta_and_outer_momentum() {
 #[test]
 fn slowmo_with_a_schedule_and_levels_resumes_bit_identically() {
     check_resume_with(AlgorithmKind::Slowmo, OptimizerKind::Sgd, 0, |c| {
+        c.levels = "2:1,5:2".parse().unwrap();
         c.outer_momentum = Some(0.9);
         c.outer_lr = Some(0.7);
         c.lr_schedule = localsgd_trainer::config::LrScheduleKind::Step;
@@ -162,7 +168,7 @@ fn streaming(c: &mut TrainConfig) {
     c.algorithm = AlgorithmKind::StreamingDiloco;
     c.levels = Default::default();
     c.warmup = 2;
-    c.period = 4;
+    c.period = Some(4);
     c.fragments = Some(2);
     c.fragment_sync_delay = Some(1);
     c.fragment_alpha = Some(0.5);
@@ -271,7 +277,7 @@ fn resuming_with_another_world_size_or_algorithm_is_an_error() {
     let mut other = cfg.clone();
     other.resume = true;
     other.steps = Some(8);
-    other.period = 3;
+    other.period = Some(3);
     let err = train_threads(&other, &data, Some(dir.path()), None)
         .unwrap_err()
         .to_string();

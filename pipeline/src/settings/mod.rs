@@ -2,7 +2,11 @@
 //! algorithm, the outer optimizer, bucket pipelining and gradient compression. Plain types
 //! (serde; `clap::ValueEnum` only with this crate's `clap` feature, for command lines).
 
-use localsgd_averagers::{Level, OuterOptimizer, PseudoGradient, StreamingConfig};
+mod outer;
+
+pub use outer::{OuterOptions, SLOWMO_FREQUENCY};
+
+use localsgd_averagers::{Level, OuterOptimizer, OuterSgdConfig, PseudoGradient, StreamingConfig};
 use localsgd_comm::Precision;
 use serde::{Deserialize, Serialize};
 
@@ -48,6 +52,20 @@ impl AlgorithmKind {
         }
     }
 
+    /// The averaging period the `localsgd` binary uses when none is given: 4 for local SGD,
+    /// post-local SGD (none for hierarchical averaging and DDP, whose levels or every step
+    /// set the cadence), fairscale's `localsgd_frequency` 3 for SlowMo, and 50 local steps for
+    /// DiLoCo and Streaming DiLoCo (DiLoCo's outer Nesterov momentum needs rounds of many
+    /// local steps: with post-local SGD's 4 it trains badly).
+    pub fn default_period(self) -> Option<u64> {
+        match self {
+            AlgorithmKind::Ddp | AlgorithmKind::Hierarchical => None,
+            AlgorithmKind::LocalSgd | AlgorithmKind::PostLocalSgd => Some(4),
+            AlgorithmKind::Slowmo => Some(3),
+            AlgorithmKind::Diloco | AlgorithmKind::StreamingDiloco => Some(50),
+        }
+    }
+
     /// Whether this algorithm takes outer-optimizer steps (`diloco`, `streaming-diloco`,
     /// `slowmo`).
     pub fn is_outer(self) -> bool {
@@ -70,6 +88,40 @@ pub struct OuterSettings {
     pub compression: Option<Precision>,
     /// Streaming DiLoCo's fragments, delay and mixing (`None`: every parameter syncs at once).
     pub streaming: Option<StreamingConfig>,
+    /// SlowMo's slow step every this many steps (fairscale's `slowmo_frequency`), the models
+    /// averaged every `period` steps in between; `None`: at every average.
+    pub slowmo_frequency: Option<u64>,
+}
+
+impl OuterSettings {
+    /// DiLoCo's outer optimizer: `torch.optim.SGD(lr=0.7, momentum=0.9, nesterov=True)` (the
+    /// paper's, OpenDiLoCo's and torchft's), the mean of the replicas' deltas, full precision,
+    /// every parameter at once.
+    pub fn diloco() -> Self {
+        Self {
+            optimizer: OuterSgdConfig::diloco().into(),
+            reduce: PseudoGradient::MeanOfDeltas,
+            compression: None,
+            streaming: None,
+            slowmo_frequency: None,
+        }
+    }
+
+    /// SlowMo's slow step with fairscale's defaults (`slowmo_lr` 1, `slowmo_momentum` 0.5) on
+    /// the averaged parameters (delta of mean, fairscale's gather), every `slowmo_frequency`
+    /// steps.
+    pub fn slowmo(slowmo_frequency: u64) -> Self {
+        Self {
+            optimizer: OuterOptimizer::SlowMo {
+                lr: 1.0,
+                momentum: 0.5,
+            },
+            reduce: PseudoGradient::DeltaOfMean,
+            compression: None,
+            streaming: None,
+            slowmo_frequency: Some(slowmo_frequency),
+        }
+    }
 }
 
 /// Whether gradient buckets are pipelined (see `TrainConfig::pipeline_buckets`).

@@ -1,0 +1,288 @@
+//! Collective save and resume of any burn [`Module`]: what a training loop calls (see the
+//! [module documentation](super) for an example).
+
+use super::{CheckpointDir, CheckpointError, RankCheckpoint, RunIdentity};
+use crate::pipeline::{
+    CheckpointContext, Checkpointer, DataPosition, Phase, Pipeline, PipelineError, RestoredState,
+    settle_if_buffers,
+};
+use burn::module::Module;
+use burn::optim::ModuleOptimizer;
+use localsgd_comm::params::ParamSelection;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Whether a save points `checkpoints/latest` at its checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Publish {
+    /// Seal and publish: from the save's last barrier on, a resume continues from it.
+    #[default]
+    Now,
+    /// Only seal (the checkpoint is complete on disk, `latest` still names the previous one):
+    /// the caller makes durable first what must survive with it, then calls
+    /// [`Checkpoints::publish`] on one rank. The `localsgd` binary syncs every rank's metrics
+    /// rows up to the checkpoint in between, so the rows a resume keeps are its iterations.
+    Later,
+}
+
+/// The checkpoints of one run: its `run_dir/checkpoints/` directory and the [`RunIdentity`]
+/// every checkpoint records and a resume must match. Gives the checkpoint phase its
+/// [`checkpointer`](Self::checkpointer), saves the current state outside it
+/// ([`save_state`](Self::save_state), [`save_final`](Self::save_final)) and
+/// [`resume`](Self::resume)s a fresh model and pipeline.
+///
+/// Every rank builds one (with the same directory and identity) and calls the saves at the same
+/// iteration: they are collective. Clones share what was saved and resumed (which
+/// [`save_final`](Self::save_final) consults): build one per run and clone it into the
+/// checkpointer.
+#[derive(Debug, Clone)]
+pub struct Checkpoints {
+    dir: CheckpointDir,
+    identity: RunIdentity,
+    /// Iterations held by the newest checkpoint this run saved or resumed from (0: none).
+    latest: Arc<AtomicU64>,
+}
+
+/// What [`Checkpoints::resume`] hands back besides the restored pipeline.
+#[derive(Debug)]
+pub struct Resumed<M> {
+    /// The model with this rank's saved parameters (and their saved `ParamId`s, so the restored
+    /// optimizer state stays attached).
+    pub model: M,
+    /// Where this rank's batch source stood: start the source there (the default, the start of
+    /// epoch 0, when the saving source could not say).
+    pub data: DataPosition,
+    /// Iterations the checkpoint holds (the pipeline's [`iteration`](Pipeline::iteration) from
+    /// now on).
+    pub iterations_done: u64,
+}
+
+impl Checkpoints {
+    /// The checkpoints of the run in `run_dir` (they live in `run_dir/checkpoints/`), by a run
+    /// with `identity` ([`RunIdentity::from_spec`]). Touches nothing on disk.
+    pub fn new(run_dir: impl AsRef<Path>, identity: RunIdentity) -> Self {
+        Self {
+            dir: CheckpointDir::new(run_dir.as_ref()),
+            identity,
+            latest: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// The `checkpoints/` directory (lower-level: the files of one rank, the latest
+    /// checkpoint's manifest).
+    pub fn dir(&self) -> &CheckpointDir {
+        &self.dir
+    }
+
+    /// What every checkpoint of this run records and a resume must match.
+    pub fn identity(&self) -> &RunIdentity {
+        &self.identity
+    }
+
+    /// Save the state in `ctx`, on every rank together: rank 0 prepares the staging directory,
+    /// every rank writes its file, rank 0 seals the checkpoint and with [`Publish::Now`] points
+    /// `latest` at it; a barrier after each step keeps them in order (three barriers on the
+    /// world group). Returns the sealed checkpoint's directory (the same on every rank).
+    ///
+    /// A rank that fails returns its error without the remaining barriers; its peers' next
+    /// collective then fails naming it (as in any collective).
+    pub fn save<M: Module>(
+        &self,
+        ctx: &CheckpointContext<'_, M>,
+        publish: Publish,
+    ) -> Result<PathBuf, CheckpointError> {
+        let rank = ctx.group.rank();
+        let done = ctx.iterations_done;
+        if rank == 0 {
+            self.dir.begin(done)?;
+        }
+        ctx.group.barrier()?;
+        let ckpt = RankCheckpoint::capture(
+            rank,
+            self.identity.clone(),
+            done,
+            ctx.skipped_steps,
+            ctx.data,
+            ctx.averager.clone(),
+            ctx.pending_average.clone(),
+            ctx.outer.clone(),
+            ctx.hook.clone(),
+            ctx.model,
+            ctx.optimizer,
+        )?;
+        self.dir.write_rank(done, &ckpt)?;
+        ctx.group.barrier()?;
+        if rank == 0 {
+            self.dir.seal(done, &self.identity)?;
+            if publish == Publish::Now {
+                self.dir.publish(done)?;
+            }
+        }
+        ctx.group.barrier()?;
+        self.latest.store(done, Ordering::Relaxed);
+        Ok(self.dir.step(done))
+    }
+
+    /// The checkpoint phase's saver, for [`Pipeline::with_checkpointer`]: [`save`](Self::save)
+    /// every `checkpoint_every` iterations ([`PipelineOptions`](crate::pipeline::PipelineOptions)).
+    /// Its errors stop the iteration: a failed barrier as [`PipelineError::Comm`] of the
+    /// checkpoint phase, anything else as [`PipelineError::Checkpoint`].
+    pub fn checkpointer<M: Module>(&self, publish: Publish) -> Checkpointer<M> {
+        let checkpoints = self.clone();
+        Box::new(move |ctx: &CheckpointContext<'_, M>| {
+            checkpoints
+                .save(ctx, publish)
+                .map(|_| ())
+                .map_err(into_pipeline_error)
+        })
+    }
+
+    /// Save the pipeline's and `model`'s current state outside the checkpoint phase (after the
+    /// last iteration, or at any iteration every rank has reached): [`current_context`] with
+    /// `model`'s buffers' latest values (as the checkpoint phase saves them), then
+    /// [`save`](Self::save). `data` is where the batch source stands
+    /// ([`BatchSource::position`](crate::pipeline::BatchSource::position)). Collective.
+    pub fn save_state<M: Module>(
+        &self,
+        pipeline: &mut Pipeline<M>,
+        model: &M,
+        data: Option<DataPosition>,
+        publish: Publish,
+    ) -> Result<PathBuf, CheckpointError> {
+        // burn's `RunningState` keeps a forward pass's update pending; settling a clone applies
+        // it to the state the clone shares with `model` (the next forward pass would), so both
+        // read the same values.
+        let settled;
+        let model = if ParamSelection::buffers(model).is_empty() {
+            model
+        } else {
+            settled = settle_if_buffers(model.clone());
+            &settled
+        };
+        let ctx = current_context(pipeline, model, data)?;
+        self.save(&ctx, publish)
+    }
+
+    /// Save and publish the final state so a resume can continue from it ([`save_state`]),
+    /// unless no checkpoint is needed: nothing was trained, or the newest checkpoint this run
+    /// saved (the checkpoint phase's at the last iteration) or resumed from (a resumed run that
+    /// trained nothing) already holds this iteration, which saving again would replace. The
+    /// sealed directory, or `None` when nothing was saved. Collective: every rank decides alike.
+    ///
+    /// [`save_state`]: Self::save_state
+    pub fn save_final<M: Module>(
+        &self,
+        pipeline: &mut Pipeline<M>,
+        model: &M,
+        data: Option<DataPosition>,
+    ) -> Result<Option<PathBuf>, CheckpointError> {
+        let done = pipeline.iteration();
+        if done == 0 || self.latest.load(Ordering::Relaxed) == done {
+            return Ok(None);
+        }
+        self.save_state(pipeline, model, data, Publish::Now)
+            .map(Some)
+    }
+
+    /// Point `latest` at the sealed checkpoint of `iterations_done` iterations (after a save
+    /// with [`Publish::Later`]). Call it on one rank, once the checkpoint's save returned there.
+    pub fn publish(&self, iterations_done: u64) -> Result<(), CheckpointError> {
+        self.dir.publish(iterations_done)
+    }
+
+    /// Continue this run from its latest published checkpoint: load `rank`'s file (normally
+    /// `pipeline.group().rank()`), check that the checkpoint was written by a run with this
+    /// identity (world size and algorithm settings, from the manifest first), put its
+    /// parameters and their `ParamId`s into `model`, load its optimizer record into `optimizer`
+    /// (a fresh one, configured as the saving run's), and [`Pipeline::restore`] the rest
+    /// (iterations, skipped steps, averager and hook state, a pending overlapped average, the
+    /// outer averager's `θ` and momentum). Call it before the first iteration, on a pipeline
+    /// built as the saving run's; start the batch source at [`Resumed::data`].
+    ///
+    /// [`CheckpointError::Missing`] when the run has no checkpoint yet (start fresh then);
+    /// [`CheckpointError::Incompatible`] for another run's checkpoint or another model's
+    /// shapes; [`CheckpointError::Restore`] when the pipeline refuses the saved states.
+    pub fn resume<M: Module>(
+        &self,
+        rank: usize,
+        model: M,
+        optimizer: ModuleOptimizer,
+        pipeline: &mut Pipeline<M>,
+    ) -> Result<Resumed<M>, CheckpointError> {
+        let ckpt = self.dir.load_rank(rank, &self.identity)?;
+        let (model, optimizer) = ckpt.restore(model, optimizer)?;
+        let done = ckpt.meta.iterations_done;
+        pipeline
+            .restore(RestoredState {
+                iterations_done: done,
+                skipped_steps: ckpt.meta.skipped_steps,
+                optimizer: Some(optimizer),
+                averager: ckpt.meta.averager.clone(),
+                hook: ckpt.meta.hook.clone(),
+                pending_average: ckpt.pending_average(),
+                outer: ckpt.outer.clone(),
+            })
+            .map_err(CheckpointError::Restore)?;
+        self.latest.store(done, Ordering::Relaxed);
+        Ok(Resumed {
+            model,
+            data: ckpt.meta.data.unwrap_or_default(),
+            iterations_done: done,
+        })
+    }
+}
+
+/// The [`CheckpointContext`] of `pipeline` and `model` now, as the checkpoint phase builds it at
+/// the end of an iteration: counters, optimizer, averager and hook state, an overlapped average
+/// still pending (its collective completed, not applied) and the outer averager's state (a
+/// Streaming DiLoCo pseudo-gradient in flight waited for). Collective when an average or
+/// pseudo-gradient is in flight: call it on every rank at the same iteration. Pass `model` with
+/// its buffers settled ([`settle_if_buffers`]); [`Checkpoints::save_state`] does both.
+///
+/// [`CheckpointError::Unsupported`] for a pipeline built with an
+/// [`InnerOptimizer`](crate::pipeline::InnerOptimizer), whose optimizer state it does not hold.
+pub fn current_context<'a, M: Module>(
+    pipeline: &'a mut Pipeline<M>,
+    model: &'a M,
+    data: Option<DataPosition>,
+) -> Result<CheckpointContext<'a, M>, CheckpointError> {
+    let pending_average = pipeline
+        .pending_average()
+        .map_err(CheckpointError::Pipeline)?;
+    let outer = pipeline.outer_state().map_err(CheckpointError::Pipeline)?;
+    let pipeline: &'a Pipeline<M> = pipeline;
+    let optimizer = pipeline.optimizer().ok_or_else(|| {
+        CheckpointError::Unsupported(
+            "the pipeline steps an `InnerOptimizer` whose state it does not hold (burn-train's \
+             `Learner`): save it with its owner"
+                .into(),
+        )
+    })?;
+    Ok(CheckpointContext {
+        iterations_done: pipeline.iteration(),
+        skipped_steps: pipeline.skipped_steps(),
+        model,
+        optimizer,
+        averager: pipeline.averager().map(|a| a.state()),
+        pending_average,
+        outer,
+        hook: pipeline.hook().map(|h| h.state()),
+        data,
+        group: pipeline.group(),
+    })
+}
+
+/// A save's error as the checkpoint phase reports it: a failed barrier is a communication
+/// failure of the phase (so a loop tells a dead peer from a full disk), a pipeline error is
+/// itself, anything else a checkpoint failure.
+fn into_pipeline_error(e: CheckpointError) -> PipelineError {
+    match e {
+        CheckpointError::Comm(source) => PipelineError::Comm {
+            phase: Phase::Checkpoint.name(),
+            source,
+        },
+        CheckpointError::Pipeline(e) | CheckpointError::Restore(e) => e,
+        e => PipelineError::Checkpoint(Box::new(e)),
+    }
+}

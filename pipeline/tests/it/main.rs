@@ -1,0 +1,4 @@
+//! The pipeline crate's integration tests, one binary (`pipeline_it`) with a module per topic,
+//! so burn and the crates are linked once.
+
+mod checkpoint_resume;
