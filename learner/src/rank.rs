@@ -1,10 +1,12 @@
 //! One rank of the strategy: burn-train's epoch loop (events, validation, checkpoints, early
 //! stopping, every stop agreed by all ranks) around the localsgd [`Pipeline`], which runs each
-//! iteration's phases. This file adapts burn-train to the pipeline's three override points:
-//! the shard's data loader is the [`BatchSource`], the model's `TrainStep` the
-//! [`ForwardBackward`] step, and the `Learner`'s optimizer and scheduler the
-//! [`InnerOptimizer`].
+//! iteration's phases. This file adapts burn-train to the pipeline's override points: the
+//! shard's data loader is the [`BatchSource`], the model's `TrainStep` the [`ForwardBackward`]
+//! step, the `Learner`'s optimizer and scheduler the [`InnerOptimizer`], and burn-train's
+//! event processor the [`IterationObserver`] of [`Pipeline::run_epoch`].
 
+use std::cell::RefCell;
+use std::rc::Rc;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use burn::data::dataloader::{DataLoader, DataLoaderIterator, Progress};
@@ -19,8 +21,9 @@ use burn_train::{
 use localsgd_comm::{Group, GroupExt, Traffic};
 use localsgd_pipeline::algorithm;
 use localsgd_pipeline::pipeline::{
-    Accumulation, BatchSource, ForwardBackward, InnerOptimizer, MicroBatch, Outcome, Pipeline,
-    PipelineOptions, SourceError, StepOutput, settle_if_buffers,
+    Accumulation, BatchSource, ForwardBackward, InnerOptimizer, IterationObserver, IterationReport,
+    MicroBatch, ObserverError, Pipeline, PipelineOptions, SourceError, StepOutput,
+    settle_if_buffers,
 };
 use localsgd_pipeline::settings::AlgorithmKind;
 
@@ -124,7 +127,8 @@ impl<M: LearnerModel> InnerOptimizer<M> for LearnerOptimizer<M> {
 /// gradients of accumulated micro-batches (its own `grads_accumulation`), so each pass's
 /// gradients are taken as they are; the items' outputs are kept for burn-train's metrics.
 struct LearnerStep<M: LearnerModel> {
-    outputs: Vec<<M as TrainStep>::Output>,
+    /// The micro-batches' outputs since the events observer last took them.
+    outputs: Rc<RefCell<Vec<<M as TrainStep>::Output>>>,
 }
 
 impl<M: LearnerModel> ForwardBackward<M, <M as TrainStep>::Input> for LearnerStep<M> {
@@ -135,7 +139,7 @@ impl<M: LearnerModel> ForwardBackward<M, <M as TrainStep>::Input> for LearnerSte
         _micro: MicroBatch,
     ) -> Result<StepOutput, SourceError> {
         let out = TrainStep::step(model, batch);
-        self.outputs.push(out.item);
+        self.outputs.borrow_mut().push(out.item);
         Ok(StepOutput {
             loss: None,
             grads: out.grads,
@@ -150,6 +154,8 @@ struct LoaderSource<'a, I> {
     iter: Box<dyn DataLoaderIterator<I> + 'a>,
     interrupter: &'a Interrupter,
     watch_interrupter: bool,
+    /// The loader's progress after the last batch it gave (for burn-train's events).
+    progress: Rc<RefCell<Progress>>,
 }
 
 impl<I> BatchSource<I> for LoaderSource<'_, I> {
@@ -158,13 +164,64 @@ impl<I> BatchSource<I> for LoaderSource<'_, I> {
             return Ok(None);
         }
         match self.iter.next() {
-            Some(Ok(item)) => Ok(Some(item)),
+            Some(Ok(item)) => {
+                *self.progress.borrow_mut() = self.iter.progress();
+                Ok(Some(item))
+            }
             Some(Err(e)) => {
                 self.interrupter.fail(e);
                 Ok(None)
             }
             None => Ok(None),
         }
+    }
+}
+
+/// Rank 0 feeds burn-train's event processor with each micro-batch's output after every
+/// iteration (metrics, renderer, loggers); its items are counted over all ranks, as
+/// burn-train's DDP counts them. The other ranks observe nothing.
+struct Events<'s, 'a, M: LearnerModel> {
+    shared: &'s Shared<'a, M>,
+    learner: &'s Mutex<Learner<M>>,
+    feeds: bool,
+    world: usize,
+    total_items: usize,
+    progress: Rc<RefCell<Progress>>,
+    outputs: Rc<RefCell<Vec<<M as TrainStep>::Output>>>,
+    /// This rank's batches so far in the epoch.
+    batches: usize,
+}
+
+impl<M: LearnerModel> IterationObserver<M> for Events<'_, '_, M> {
+    fn after_iteration(&mut self, _: &IterationReport, _: &M) -> Result<bool, ObserverError> {
+        let outputs = std::mem::take(&mut *self.outputs.borrow_mut());
+        if !self.feeds {
+            return Ok(true);
+        }
+        let p = self.progress.borrow().clone();
+        let progress = Progress {
+            items_processed: (p.items_processed * self.world).min(self.total_items),
+            items_total: self.total_items,
+            unit: p.unit,
+        };
+        let lr = lock(self.learner).lr_current();
+        let interrupter = self.shared.interrupter;
+        let mut components = lock(self.shared.components);
+        for item in outputs {
+            self.batches += 1;
+            let item = TrainingItem::new(
+                item,
+                progress.clone(),
+                Some(self.batches * self.world),
+                Some(lr.clone()),
+            );
+            interrupter.fail_on_error(
+                components
+                    .event_processor
+                    .process_train(LearnerEvent::ProcessedItem(item)),
+            );
+        }
+        Ok(true)
     }
 }
 
@@ -383,58 +440,38 @@ impl<'a, 's, M: LearnerModel> RankLoop<'a, 's, M> {
         total_items: usize,
     ) -> Result<(), StrategyError> {
         let shared = self.shared;
+        let progress = Rc::new(RefCell::new(Progress::new(0, total_items, None)));
+        let outputs = Rc::new(RefCell::new(Vec::new()));
         let mut source = LoaderSource {
             iter: shard.iter(),
             interrupter: shared.interrupter,
             watch_interrupter: self.rank == 0,
+            progress: progress.clone(),
         };
         let mut step = LearnerStep::<M> {
-            outputs: Vec::new(),
+            outputs: outputs.clone(),
         };
-        let mut local_batches = 0usize;
-        loop {
-            let model = self
-                .model
-                .take()
-                .unwrap_or_else(|| lock(&self.learner).model());
-            match self
-                .pipeline
-                .run_iteration_with(model, &mut source, &mut step)?
-            {
-                Outcome::Trained(m, _) => self.model = Some(m),
-                Outcome::EndOfData(m) => {
-                    self.model = Some(m);
-                    return Ok(());
-                }
-            }
-            let outputs = std::mem::take(&mut step.outputs);
-            if self.rank != 0 {
-                continue;
-            }
-            // Rank 0's items, counted over all ranks as burn-train's DDP does.
-            let p = source.iter.progress();
-            let progress = Progress {
-                items_processed: (p.items_processed * self.world).min(total_items),
-                items_total: total_items,
-                unit: p.unit.clone(),
-            };
-            let lr = lock(&self.learner).lr_current();
-            self.with_components(|c| {
-                for item in outputs {
-                    local_batches += 1;
-                    let item = TrainingItem::new(
-                        item,
-                        progress.clone(),
-                        Some(local_batches * self.world),
-                        Some(lr.clone()),
-                    );
-                    shared.interrupter.fail_on_error(
-                        c.event_processor
-                            .process_train(LearnerEvent::ProcessedItem(item)),
-                    );
-                }
-            });
-        }
+        let mut events = Events {
+            shared,
+            learner: &self.learner,
+            feeds: self.rank == 0,
+            world: self.world,
+            total_items,
+            progress,
+            outputs,
+            batches: 0,
+        };
+        let model = self
+            .model
+            .take()
+            .unwrap_or_else(|| lock(&self.learner).model());
+        // The epoch ends when any rank's shard runs dry or rank 0 is interrupted (its source
+        // then reports no batch): every rank ends it together.
+        let (model, _) =
+            self.pipeline
+                .run_epoch(model, &mut source, &mut step, &mut events, None)?;
+        self.model = Some(model);
+        Ok(())
     }
 
     /// Rank 0 validates its own model on the whole validation set (burn-train's loop).

@@ -28,6 +28,9 @@ pub enum PipelineError {
     /// The batch source could not deliver the next batch.
     #[error("reading the next batch: {0}")]
     Data(#[source] super::SourceError),
+    /// An [`IterationObserver`](super::IterationObserver) failed.
+    #[error("observing the iteration: {0}")]
+    Observer(#[source] super::ObserverError),
     /// Saving a checkpoint failed.
     #[error("checkpoint failed: {0}")]
     Checkpoint(#[source] Box<dyn std::error::Error + Send + Sync + 'static>),

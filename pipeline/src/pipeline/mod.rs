@@ -10,12 +10,14 @@
 mod error;
 mod inner;
 mod iteration;
+mod observer;
 mod phase;
 mod source;
 mod step;
 
 pub use error::PipelineError;
 pub use inner::InnerOptimizer;
+pub use observer::{EpochEnd, IterationObserver, NoObserver, ObserverError};
 pub use phase::{ITERATION_ORDER, Phase, PhaseTimes};
 pub use source::{BatchSource, DataPosition, IterSource, SourceError};
 pub use step::{ForwardBackward, LossFn, MicroBatch, StepOutput};
@@ -508,6 +510,39 @@ impl<M: Module> Pipeline<M> {
             p.checkpoint(model, &*source)
         })?;
         Ok(Outcome::Trained(model, self.complete(it)))
+    }
+
+    /// Run iterations of `step` on `source` until the epoch ends (every rank out of data
+    /// together), `budget` iterations are done in all (counted as [`iteration`](Self::iteration)
+    /// counts, resumed ones included) or `observer` stops; `observer` sees every completed
+    /// iteration. Returns the model and why it stopped. The loop of a training run is this call
+    /// once per epoch, moving the source to its next epoch after [`EpochEnd::EndOfData`].
+    pub fn run_epoch<B>(
+        &mut self,
+        model: M,
+        source: &mut dyn BatchSource<B>,
+        step: &mut dyn ForwardBackward<M, B>,
+        observer: &mut dyn IterationObserver<M>,
+        budget: Option<u64>,
+    ) -> Result<(M, EpochEnd), PipelineError> {
+        let mut model = model;
+        loop {
+            if budget.is_some_and(|b| self.iteration >= b) {
+                return Ok((model, EpochEnd::Budget));
+            }
+            match self.run_iteration_with(model, source, step)? {
+                Outcome::EndOfData(m) => return Ok((m, EpochEnd::EndOfData)),
+                Outcome::Trained(m, report) => {
+                    let go_on = observer
+                        .after_iteration(&report, &m)
+                        .map_err(PipelineError::Observer)?;
+                    model = m;
+                    if !go_on {
+                        return Ok((model, EpochEnd::Stopped));
+                    }
+                }
+            }
+        }
     }
 
     /// Run `f` as `phase`: its wall time (less the gradient-sync wait booked inside it) and the

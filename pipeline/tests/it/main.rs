@@ -2,3 +2,4 @@
 //! so burn and the crates are linked once.
 
 mod checkpoint_resume;
+mod run_epoch;

@@ -1,0 +1,61 @@
+//! What watches a run between iterations: the third override point, beside the batch source
+//! and the forward/backward step.
+
+use super::IterationReport;
+
+/// Why an [`IterationObserver`] stopped the run: any error, boxed.
+pub type ObserverError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Watches every completed iteration of [`Pipeline::run_epoch`](super::Pipeline::run_epoch):
+/// metrics files, a progress bar, burn-train's events, evaluations. It runs between
+/// iterations, outside every phase; whatever it communicates, every rank must issue alike (the
+/// burn-train strategy's rank 0 feeds burn-train's event processor and the other ranks do
+/// nothing).
+pub trait IterationObserver<M> {
+    /// After an iteration completed, with its report and the model after it. `Ok(false)` ends
+    /// the epoch here; every rank must decide alike (agree with a collective first when the
+    /// decision may differ, as the strategy does with rank 0's interrupter). An error stops
+    /// the run on this rank.
+    fn after_iteration(
+        &mut self,
+        report: &IterationReport,
+        model: &M,
+    ) -> Result<bool, ObserverError>;
+}
+
+/// Observes nothing: [`Pipeline::run_epoch`](super::Pipeline::run_epoch) runs to the end of
+/// the epoch or its iteration budget.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoObserver;
+
+impl<M> IterationObserver<M> for NoObserver {
+    fn after_iteration(&mut self, _: &IterationReport, _: &M) -> Result<bool, ObserverError> {
+        Ok(true)
+    }
+}
+
+/// Any `FnMut(&IterationReport, &M) -> Result<bool, ObserverError>` observes.
+impl<M, F> IterationObserver<M> for F
+where
+    F: FnMut(&IterationReport, &M) -> Result<bool, ObserverError>,
+{
+    fn after_iteration(
+        &mut self,
+        report: &IterationReport,
+        model: &M,
+    ) -> Result<bool, ObserverError> {
+        self(report, model)
+    }
+}
+
+/// Why [`Pipeline::run_epoch`](super::Pipeline::run_epoch) returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EpochEnd {
+    /// Some rank ran out of data: every rank ended the epoch together (move the source to its
+    /// next epoch to go on).
+    EndOfData,
+    /// The pipeline reached the iteration budget it was given.
+    Budget,
+    /// The observer asked to stop.
+    Stopped,
+}

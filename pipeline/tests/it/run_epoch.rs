@@ -1,0 +1,167 @@
+//! `Pipeline::run_epoch`, the loop of a training run: it stops at the epoch's end (every rank
+//! together, uneven shards included), at the iteration budget, or when the observer asks, and
+//! its iterations are the ones a hand-written `run_iteration` loop runs (the same parameters to
+//! the bit).
+
+use burn::module::{Module, Param};
+use burn::optim::SgdConfig;
+use burn::tensor::{Device, Tensor, TensorData};
+use localsgd_comm::ThreadWorld;
+use localsgd_comm::params::{FlatBuffer, ParamSelection, flatten_params};
+use localsgd_pipeline::algorithm::{AlgorithmSpec, build};
+use localsgd_pipeline::pipeline::{
+    EpochEnd, IterSource, IterationReport, LossFn, NoObserver, ObserverError, Outcome, Pipeline,
+    PipelineOptions,
+};
+
+/// A user's model: `x w`.
+#[derive(Module, Debug)]
+struct Linear1 {
+    w: Param<Tensor<2>>,
+}
+
+type Batch = (Tensor<2>, Tensor<2>);
+
+fn device() -> Device {
+    Device::flex().autodiff()
+}
+
+fn model() -> Linear1 {
+    let w = Tensor::from_data(TensorData::new(vec![0.5f32, -0.25], [2, 1]), &device());
+    Linear1 {
+        w: Param::from_tensor(w),
+    }
+}
+
+fn loss(m: &Linear1, (x, y): &Batch) -> Tensor<1> {
+    let d = x.clone().matmul(m.w.val()) - y.clone();
+    (d.clone() * d).mean()
+}
+
+/// `n` batches of 2 rows for `rank`.
+fn batches(rank: usize, n: usize) -> Vec<Batch> {
+    (0..n)
+        .map(|i| {
+            let v = |k: usize| ((rank * 31 + i * 7 + k) % 11) as f32 / 5.0 - 1.0;
+            let x = Tensor::from_data(
+                TensorData::new(vec![v(0), v(1), v(2), v(3)], [2, 2]),
+                &device(),
+            );
+            let y = Tensor::from_data(TensorData::new(vec![v(4), v(5)], [2, 1]), &device());
+            (x, y)
+        })
+        .collect()
+}
+
+fn params(m: &Linear1) -> Vec<f32> {
+    match flatten_params(m, &ParamSelection::All).unwrap().buffer {
+        FlatBuffer::F32(v) => v,
+        FlatBuffer::F64(v) => v.into_iter().map(|x| x as f32).collect(),
+    }
+}
+
+fn pipeline(group: localsgd_comm::Group) -> Pipeline<Linear1> {
+    let parts = build(&AlgorithmSpec::post_local_sgd(2, 2), &group).unwrap();
+    let options = PipelineOptions {
+        lr: 0.1,
+        ..PipelineOptions::default()
+    };
+    let mut p = Pipeline::new(group, SgdConfig::new().init(), options);
+    if let Some((hook, reducer)) = parts.sync {
+        p = p.with_gradient_sync(hook, reducer);
+    }
+    if let Some(averager) = parts.averager {
+        p = p.with_averager(averager);
+    }
+    p
+}
+
+/// Rank 0 has 5 batches, rank 1 has 7: the epoch ends for both after 5 iterations, as a
+/// hand-written loop ends it, with the same parameters.
+#[test]
+fn an_epoch_ends_on_every_rank_with_the_shortest_shard_as_a_hand_written_loop() {
+    let runs = ThreadWorld::new(2)
+        .unwrap()
+        .run(|group| {
+            let rank = group.rank();
+            let n = [5, 7][rank];
+            let mut p = pipeline(group.clone());
+            let (m, end) = p
+                .run_epoch(
+                    model(),
+                    &mut IterSource(batches(rank, n).into_iter()),
+                    &mut LossFn(&loss),
+                    &mut NoObserver,
+                    None,
+                )
+                .unwrap();
+            let by_epoch = (params(&m), end, p.iteration());
+
+            let mut p = pipeline(group);
+            let mut source = IterSource(batches(rank, n).into_iter());
+            let mut m = model();
+            loop {
+                match p.run_iteration(m, &mut source, &loss).unwrap() {
+                    Outcome::Trained(next, _) => m = next,
+                    Outcome::EndOfData(next) => {
+                        m = next;
+                        break;
+                    }
+                }
+            }
+            (by_epoch, params(&m), p.iteration())
+        })
+        .unwrap();
+    for ((by_epoch, by_hand, iterations), rank) in runs.iter().zip(0..) {
+        assert_eq!(by_epoch.1, EpochEnd::EndOfData, "rank {rank}");
+        assert_eq!(by_epoch.2, 5, "rank {rank}");
+        assert_eq!(*iterations, 5, "rank {rank}");
+        assert_eq!(by_epoch.0, *by_hand, "rank {rank}");
+        assert_ne!(by_epoch.0, params(&model()), "rank {rank} did not train");
+    }
+}
+
+/// A budget of 3 iterations stops there; an observer that says stop after its second report
+/// stops after 2, having seen iterations 0 and 1 in order.
+#[test]
+fn the_budget_and_the_observer_stop_the_epoch() {
+    let ends = ThreadWorld::new(2)
+        .unwrap()
+        .run(|group| {
+            let rank = group.rank();
+            let mut p = pipeline(group.clone());
+            let (_, end) = p
+                .run_epoch(
+                    model(),
+                    &mut IterSource(batches(rank, 6).into_iter()),
+                    &mut LossFn(&loss),
+                    &mut NoObserver,
+                    Some(3),
+                )
+                .unwrap();
+            let budget = (end, p.iteration());
+
+            let mut p = pipeline(group);
+            let mut seen = Vec::new();
+            let mut observer = |r: &IterationReport, _: &Linear1| -> Result<bool, ObserverError> {
+                seen.push(r.iteration);
+                Ok(seen.len() < 2)
+            };
+            let (_, end) = p
+                .run_epoch(
+                    model(),
+                    &mut IterSource(batches(rank, 6).into_iter()),
+                    &mut LossFn(&loss),
+                    &mut observer,
+                    None,
+                )
+                .unwrap();
+            (budget, (end, p.iteration()), seen)
+        })
+        .unwrap();
+    for (budget, stopped, seen) in ends {
+        assert_eq!(budget, (EpochEnd::Budget, 3));
+        assert_eq!(stopped, (EpochEnd::Stopped, 2));
+        assert_eq!(seen, vec![0, 1]);
+    }
+}
