@@ -7,10 +7,9 @@
 //! - all-reduce throughput: buffer bytes / time per all-reduce (sum, in place), where the time
 //!   of a repetition is the **slowest** rank's, and the result is the best of the repetitions.
 //!   Back to back by default; [`allreduce_gbps_between`] first spins every rank for a gap
-//!   before each all-reduce, as an iteration's compute would, and times only the all-reduces.
-//!   On two network namespaces of a 2-core machine a 1-float MPI all-reduce took 25.5 µs back
-//!   to back and 34-67 µs between 0.2-1 ms gaps, which is what the has-data collective of a
-//!   training iteration cost there (about 55 µs).
+//!   before each all-reduce, as an iteration's compute would, and times only the all-reduces:
+//!   a small collective after compute costs more than back to back, and the gapped figure is
+//!   the one a training iteration's collectives see.
 //!
 //! ```
 //! use localsgd_comm::ThreadWorld;

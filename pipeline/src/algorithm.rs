@@ -511,11 +511,8 @@ pub fn build(spec: &AlgorithmSpec, world: &Group) -> Result<AlgorithmParts, Pipe
 /// all-gather of two words per rank) except on the thread backend, whose ranks are one process.
 ///
 /// Where ranks share cores the pipelined sync's helper thread waits for its turn on a core
-/// between the polls that move each piece: the wide MLP's DDP on 2 or 4 namespace hosts with
-/// 4 ranks on 2 cores at 10 Gbit/s took 152.4 and 206.0 ms per iteration pipelined, 85.9 and
-/// 138.5 ms blocking; at 1 Gbit/s 172.1 and 213.3 pipelined, 195.6 and 200.5 blocking; at
-/// 100 Mbit/s on 4 hosts 1395.2 and 1401.4 (one run each, 2026-12-04; the book's Benchmarks
-/// chapter).
+/// between the polls that move each piece, and blocking buckets are faster (the measurements
+/// are in the book's Benchmarks chapter).
 fn pipelining_pays(world: &Group) -> Result<bool, PipelineError> {
     if world.size() < 2 || world.backend() == "threads" {
         return Ok(false);

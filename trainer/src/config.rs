@@ -176,18 +176,18 @@ pub struct TrainConfig {
     /// `diloco`/`slowmo`: how the pseudo-gradient is reduced. Unset: `mean-of-deltas` for
     /// `diloco`, `delta-of-mean` for `slowmo`.
     pub outer_reduce: Option<OuterReduce>,
-    /// `diloco`: send the pseudo-gradients in half precision (`fp16`, `bf16`; needs
+    /// `diloco`, `streaming-diloco`: send the pseudo-gradients in half precision (`fp16`, `bf16`; needs
     /// `mean-of-deltas`). Unset or `none`: full precision.
     pub outer_compression: Option<Compression>,
-    /// `diloco`: Streaming DiLoCo's number of fragments F (contiguous runs of whole parameter
+    /// `streaming-diloco`: the number of fragments F (contiguous runs of whole parameter
     /// tensors); one fragment syncs every `period / fragments` local steps, each every
-    /// `period`. Unset: 1 (plain DiLoCo).
+    /// `period`. Unset: 2. The other algorithms refuse it.
     pub fragments: Option<usize>,
-    /// `diloco`: Streaming DiLoCo's τ (torchft's `fragment_sync_delay`): a fragment's
+    /// `streaming-diloco`: τ (torchft's `fragment_sync_delay`): a fragment's
     /// pseudo-gradient is measured and its all-reduce started τ local steps before it is
     /// applied, behind those steps' compute. Below `period / fragments`. Unset: 0.
     pub fragment_sync_delay: Option<u64>,
-    /// `diloco`: Streaming DiLoCo's α (torchft's `fragment_update_alpha`): after its outer
+    /// `streaming-diloco`: α (torchft's `fragment_update_alpha`): after its outer
     /// step a fragment becomes `θ_f + α·(x_f − θ_f)`. In [0, 1]. Unset: 0.
     pub fragment_alpha: Option<f64>,
     /// `slowmo`: the slow momentum step every this many optimizer steps (fairscale's

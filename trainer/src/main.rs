@@ -13,7 +13,7 @@ use std::time::Instant;
 #[command(
     name = "localsgd",
     version,
-    about = "Communication-efficient data-parallel training: DDP, local SGD, post-local SGD, hierarchical averaging."
+    about = "Communication-efficient data-parallel training: DDP, local SGD, post-local SGD, hierarchical averaging, DiLoCo, Streaming DiLoCo, SlowMo."
 )]
 struct Cli {
     #[command(subcommand)]

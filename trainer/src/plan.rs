@@ -33,33 +33,23 @@
 //!   The MPI backend runs every all-reduce as pieces of at most 256 KiB one after the other,
 //!   each a collective of its own: every piece after the first adds one small collective with
 //!   every rank already inside (`piece_latency_s`, measured by `bench-comm --gap-us`). It
-//!   matters where ranks share cores: with 4 ranks on 2 cores a small collective took
-//!   0.57-0.67 ms, and the wide MLP's 41 pieces per iteration 23-26 ms. Re-planning the
-//!   2026-12-04 runs of the wide MLP with it moved its blocking DDP on 4 hosts at 10 Gbit/s
-//!   from 36.6% below the measured 138.5 ms to 18.1% below, and the same cell with the
-//!   gradient sync left to `auto` in a later run from 32.3% to 15.2% below.
+//!   matters most where ranks share cores, where a small collective waits for a rank the
+//!   scheduler took off its core.
 //!   A token-bucket shaper (`tc ... tbf`, how the benchmarks emulate links) lets up to its
 //!   burst through without waiting once the link has been idle long enough to refill it; a real
 //!   NIC has no such credit (`burst_bytes = 0`). Without waiting is not at once: the burst
 //!   moves at the rate of the hosts' path itself ([`Link::burst_bytes_per_second`]), each of
-//!   its bytes saving `1/goodput - 1/path`. Between network namespaces of a 2-vCPU VM that
-//!   path moved 3.0-3.3 GB/s (two runs), 2.5-2.8 times a 10 Gbit/s link's goodput (a burst
-//!   there saves 60-64% of its wire time) and 25-28 times a 1 Gbit/s link's (96%). The model refills the bucket whenever the link
+//!   its bytes saving `1/goodput - 1/path`. The model refills the bucket whenever the link
 //!   carries no data: compute, overhead, copies, control collectives, collectives inside a host,
 //!   and the latency at the start of every collective (the wait for the slowest rank, the
 //!   handshakes), since the last collective that crossed the link; that collective empties it.
 //!   The latency counts because with more ranks than cores it is mostly waiting for a rank the
-//!   scheduler took off its core: on 4 hosts x 2 ranks on 2 cores the digits MLP's DDP at
-//!   100 Mbit/s ran at 2.40 ms per iteration. Refilling during compute alone, the model
-//!   predicted 4.94 ms; refilling also during the two 1.2 ms latencies of each iteration (the
-//!   has-data all-gather's and the gradient all-reduce's), 2.90 ms. What is left over is those
-//!   two latencies themselves, charged in full although the measured iteration is shorter.
-//!   The bucket keeps what a collective leaves of it (tokens, up to the burst). The steady
-//!   state starts from an empty bucket; a run starts from a full one (the shaper is set up
-//!   before the ranks start), and [`run_seconds`] lists each of its iterations in order: a
-//!   short run can end before the burst is spent. Digits post-local SGD every 4 steps on
-//!   2 hosts at 100 Mbit/s ran at 0.31 ms per iteration over iterations 17-95 of 96, below the
-//!   0.40 ms steady wire time; the mean of `run_seconds` over the same iterations, 0.32 ms.
+//!   scheduler took off its core, time in which the link is idle; the latencies themselves
+//!   are charged in full. The bucket keeps what a collective leaves of it (tokens, up to the
+//!   burst). The steady state starts from an empty bucket; a run starts from a full one (the
+//!   shaper is set up before the ranks start), and [`run_seconds`] lists each of its
+//!   iterations in order: a short run can end before the burst is spent. How well these
+//!   predictions hold is measured by `scripts/bench-matrix` (the book's Benchmarks chapter).
 //! * **The pipeline's own costs.** A fixed overhead per iteration (batch fetch, bookkeeping) and
 //!   a per-byte cost of every data collective (flatten into one buffer, write back), both
 //!   measured on one rank: the non-compute phases of a one-rank local-SGD run that never

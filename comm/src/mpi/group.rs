@@ -62,10 +62,8 @@ const DEDICATED_POLL: Duration = Duration::from_micros(100);
 ///
 /// On a dedicated communicator it bounds how long a world collective issued meanwhile waits
 /// behind it (both share one TCP connection between two processes). On every communicator it
-/// keeps Open MPI's blocking all-reduce at the link's rate: the wide MLP's 10.6 MB over 4
-/// namespace hosts at 100 Mbit/s took 2091 ms as one `MPI_Allreduce` and 1401 ms in these
-/// pieces (wire time 1336 ms), with the same bytes on the links; post-local SGD period 4,
-/// 574 and 432 ms per iteration (one run each, 2026-12-04; the book's Benchmarks chapter).
+/// keeps Open MPI's blocking all-reduce near the link's rate, which one large `MPI_Allreduce`
+/// over TCP falls well short of (the measurements are in the book's Benchmarks chapter).
 const PIECE_BYTES: usize = crate::MPI_PIECE_BYTES;
 
 impl fmt::Debug for MpiGroup {
