@@ -234,6 +234,10 @@ pub struct ConfigFlags {
     /// Progress bar on rank 0 (true/false).
     #[arg(long)]
     pub progress: Option<bool>,
+    /// Print the effective configuration before training (true/false; it is saved as the run
+    /// directory's config.toml either way).
+    #[arg(long)]
+    pub print_config: Option<bool>,
 }
 
 macro_rules! overlay {
@@ -314,6 +318,7 @@ impl ConfigFlags {
             flush_denormals,
             metrics_format,
             progress,
+            print_config,
         );
         if let Some(Widths(v)) = &flags.hidden {
             cfg.hidden = v.clone();

@@ -307,6 +307,9 @@ pub struct TrainConfig {
     pub metrics_format: MetricsFormat,
     /// Show a progress bar on rank 0.
     pub progress: bool,
+    /// Print the effective configuration before training (it is saved as the run directory's
+    /// `config.toml` either way).
+    pub print_config: bool,
 }
 
 impl Default for TrainConfig {
@@ -377,6 +380,7 @@ impl Default for TrainConfig {
             flush_denormals: false,
             metrics_format: MetricsFormat::Csv,
             progress: true,
+            print_config: false,
         }
     }
 }

@@ -132,10 +132,12 @@ pub(crate) fn prepare_run_dir(cfg: &TrainConfig) -> Result<PathBuf> {
     std::fs::create_dir_all(&dir)
         .with_context(|| format!("creating run directory {}", dir.display()))?;
     let effective = cfg.with_defaults_filled().to_toml();
-    println!(
-        "# effective configuration (saved to {})\n{effective}",
-        dir.join("config.toml").display()
-    );
+    if cfg.print_config {
+        println!(
+            "# effective configuration (saved to {})\n{effective}",
+            dir.join("config.toml").display()
+        );
+    }
     localsgd_trainer::atomic::write_atomic(&dir.join("config.toml"), &effective)
         .with_context(|| format!("writing {}", dir.join("config.toml").display()))?;
     Ok(dir)

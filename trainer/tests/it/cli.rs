@@ -38,10 +38,10 @@ fn train_end_to_end_writes_the_run_directory() {
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(
-        stdout.contains("algorithm = \"post-local-sgd\""),
-        "{stdout}"
-    );
+    // The effective configuration is saved, and printed only on request.
+    let saved = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    assert!(saved.contains("algorithm = \"post-local-sgd\""), "{saved}");
+    assert!(!stdout.contains("algorithm = "), "{stdout}");
     assert!(stdout.contains("test accuracy:"), "{stdout}");
     for f in [
         "config.toml",
@@ -975,6 +975,9 @@ fn a_refused_resume_rewrites_nothing() {
             "16",
             "--progress",
             "false",
+            // Asked to print it: a refused configuration must still not be printed.
+            "--print-config",
+            "true",
             "--run-dir",
             run_dir,
             "--resume",
