@@ -43,7 +43,7 @@ pub trait ModelAverager: Send + std::fmt::Debug {
         None
     }
 
-    /// Mutable access to the overlap state (checkpoints settle and restore pending averages
+    /// Mutable access to the overlap state (checkpoints wait for and restore pending averages
     /// through it).
     fn overlap_mut(&mut self) -> Option<&mut Overlap> {
         None

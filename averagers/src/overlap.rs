@@ -25,7 +25,7 @@
 //! selection is the one of the starting step.
 //!
 //! A pending average is never lost: [`AverageParameters::complete_pending`] applies it early
-//! (at the end of training), and [`Overlap::settle`] completes its collective without applying
+//! (at the end of training), and [`Overlap::wait_pending`] completes its collective without applying
 //! it, so a checkpoint can record `s` and `a` ([`PendingAverage`]) and a resumed run applies it
 //! at step `t + D` exactly as the uninterrupted run does.
 //!
@@ -126,7 +126,7 @@ impl Transfer {
 
 impl InFlight {
     /// Wait for the collective (if still running) and keep its result.
-    fn settle(&mut self) -> Result<&FlatBuffer, AveragerError> {
+    fn wait(&mut self) -> Result<&FlatBuffer, AveragerError> {
         let transfer =
             std::mem::replace(&mut self.transfer, Transfer::Ready(FlatBuffer::F32(vec![])));
         self.transfer = Transfer::Ready(transfer.into_ready()?);
@@ -184,11 +184,11 @@ impl Overlap {
 
     /// Complete the collective of the average in flight (without applying it) and return it for
     /// a checkpoint; `None` when nothing is pending.
-    pub fn settle(&mut self) -> Result<Option<PendingAverage>, AveragerError> {
+    pub fn wait_pending(&mut self) -> Result<Option<PendingAverage>, AveragerError> {
         let Some(p) = self.pending.as_mut() else {
             return Ok(None);
         };
-        let average = p.settle()?.clone();
+        let average = p.wait()?.clone();
         Ok(Some(PendingAverage {
             started_at: p.started_at,
             group: p.group.clone(),
@@ -198,7 +198,7 @@ impl Overlap {
         }))
     }
 
-    /// Put back an average recorded by [`settle`](Self::settle) (on resume; before the next
+    /// Put back an average recorded by [`wait_pending`](Self::wait_pending) (on resume; before the next
     /// `average_parameters` call). Fails if one is already pending or its buffers disagree.
     pub fn restore(&mut self, saved: PendingAverage) -> Result<(), AveragerError> {
         if let Some(p) = &self.pending {

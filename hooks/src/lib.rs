@@ -48,21 +48,21 @@
 
 pub mod allreduce;
 pub mod bucket;
+pub mod bucket_plan;
 pub mod compress;
 pub mod error;
 pub mod hook;
 pub mod in_flight;
-pub mod plan;
 pub mod post_local;
 pub mod reducer;
 
 pub use allreduce::AllReduceHook;
 pub use bucket::{BucketData, BucketParam, GradBucket};
+pub use bucket_plan::{BucketCaps, BucketPlan, BucketSpec, PlannedParam};
 pub use compress::{CompressHook, Precision};
 pub use error::HookError;
 pub use hook::{CommHook, HookState};
 pub use in_flight::InFlightGrads;
-pub use plan::{BucketCaps, BucketPlan, BucketSpec, PlannedParam};
 pub use post_local::{PostLocalSgdHook, PostLocalSgdState};
 pub use reducer::GradientReducer;
 

@@ -2,10 +2,10 @@
 //! hand the result back as [`GradientsParams`].
 
 use crate::bucket::{BucketData, GradBucket};
+use crate::bucket_plan::{BucketCaps, BucketPlan};
 use crate::error::HookError;
 use crate::hook::CommHook;
 use crate::in_flight::{InFlightGrads, PendingBuffer};
-use crate::plan::{BucketCaps, BucketPlan};
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::{DType, Tensor};

@@ -22,8 +22,7 @@ use localsgd_comm::{Group, GroupExt, Traffic};
 use localsgd_pipeline::algorithm;
 use localsgd_pipeline::pipeline::{
     Accumulation, BatchSource, ForwardBackward, InnerOptimizer, IterationObserver, IterationReport,
-    MicroBatch, ObserverError, Pipeline, PipelineOptions, SourceError, StepOutput,
-    settle_if_buffers,
+    MicroBatch, ObserverError, Pipeline, PipelineOptions, SourceError, StepOutput, refresh_buffers,
 };
 use localsgd_pipeline::settings::AlgorithmKind;
 
@@ -356,7 +355,7 @@ impl<'a, 's, M: LearnerModel> RankLoop<'a, 's, M> {
     /// validation and checkpoints (buffers with the last forward's update).
     fn sync_learner(&mut self) {
         if let Some(m) = self.model.take() {
-            let m = settle_if_buffers(m);
+            let m = refresh_buffers(m);
             lock(&self.learner).load_model(m.clone().into_record());
             self.model = Some(m);
         }

@@ -7,11 +7,11 @@
 use anyhow::{Context, Result, bail};
 use localsgd_averagers::Level;
 use localsgd_trainer::config::{Compression, Levels};
-use localsgd_trainer::model::MlpConfig;
-use localsgd_trainer::plan::{
+use localsgd_trainer::cost_model::{
     Algorithm, Cluster, Layout, Link, Prediction, Schedule, Workload, predict, recommend_levels,
     recommend_period, run_seconds,
 };
+use localsgd_trainer::model::MlpConfig;
 use std::path::PathBuf;
 
 /// Flags of `localsgd plan`.

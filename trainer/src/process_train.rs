@@ -41,7 +41,7 @@ pub(crate) fn train(flags: &ConfigFlags, cfg: TrainConfig) -> Result<()> {
 
     // Deterministic checks: every rank reaches the same verdict, so rank 0 alone reports it and
     // everyone leaves normally (no abort, no duplicated messages).
-    let cfg = match settle_world_size(flags, cfg, &world) {
+    let cfg = match resolve_world_size(flags, cfg, &world) {
         Ok(cfg) => cfg,
         Err(e) => {
             if rank == 0 {
@@ -83,7 +83,7 @@ fn say(message: &str) {
 }
 
 /// `workers` defaults to the world size; an explicit value must match it.
-fn settle_world_size(
+fn resolve_world_size(
     flags: &ConfigFlags,
     mut cfg: TrainConfig,
     world: &ProcessWorld,

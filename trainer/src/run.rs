@@ -713,7 +713,7 @@ pub fn train_worker(
     // The final state is always saved when there is a run directory, so `resume` can continue;
     // buffers (BatchNorm's running statistics) with the last forward's update, as the
     // checkpoint phase saves them.
-    let model = crate::pipeline::settle_if_buffers(model);
+    let model = crate::pipeline::refresh_buffers(model);
     if let Some(checkpoints) = &checkpoints {
         checkpoints
             .save_final(&mut pipeline, &model, loader.position())

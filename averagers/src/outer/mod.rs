@@ -564,7 +564,7 @@ impl OuterAverager {
     /// Wait for a pseudo-gradient average still on its way (Streaming DiLoCo with a delay) and
     /// keep it, not applied, for its perform step. Every rank calls it at the same step (a
     /// checkpoint, the end of training); a no-op when nothing is in flight.
-    pub fn settle(&mut self) -> Result<(), AveragerError> {
+    pub fn wait_in_flight(&mut self) -> Result<(), AveragerError> {
         if let Some(s) = &mut self.streaming
             && let Some((f, transfer)) = s.in_flight.take()
         {
@@ -573,11 +573,11 @@ impl OuterAverager {
         Ok(())
     }
 
-    /// End of training: [`settle`](Self::settle) a pseudo-gradient in flight (it stays
+    /// End of training: [`wait_in_flight`](Self::wait_in_flight) a pseudo-gradient in flight (it stays
     /// unapplied: the run ended before its perform step, and a checkpoint saved it) and close
     /// the non-blocking communicator (an error if a collective was left pending).
     pub fn finish(&mut self) -> Result<(), AveragerError> {
-        self.settle()?;
+        self.wait_in_flight()?;
         if let Some(s) = &mut self.streaming
             && let Some(side) = s.side.take()
         {
@@ -588,12 +588,12 @@ impl OuterAverager {
 
     /// The state to checkpoint beside [`state`](ModelAverager::state): per fragment `θ` and
     /// the outer momentum, the outer-step count, and a pending averaged pseudo-gradient (its
-    /// collective completed first, see [`settle`](Self::settle)). `None` before `θ` was taken.
+    /// collective completed first, see [`wait_in_flight`](Self::wait_in_flight)). `None` before `θ` was taken.
     pub fn global_state(&mut self) -> Result<Option<OuterState>, AveragerError> {
         if self.global.is_empty() {
             return Ok(None);
         }
-        self.settle()?;
+        self.wait_in_flight()?;
         let pending = match self.streaming.as_ref().and_then(|s| s.in_flight.as_ref()) {
             Some((fragment, Transfer::Ready(delta))) => Some(PendingDelta {
                 fragment: *fragment,

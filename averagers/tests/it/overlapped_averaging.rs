@@ -163,7 +163,7 @@ fn a_pending_average_past_its_completion_step_is_an_error() {
 
 #[test]
 fn a_settled_average_restored_elsewhere_applies_as_the_original_would() {
-    // Two ranks, delay 1: settle the average started at step 0 (as a checkpoint does), move it
+    // Two ranks, delay 1: complete the average started at step 0 (as a checkpoint does), move it
     // into a fresh averager at step 1, apply: the same numbers as two_ranks_delay_one.
     let out = ThreadWorld::new(2)
         .unwrap()
@@ -176,7 +176,7 @@ fn a_settled_average_restored_elsewhere_applies_as_the_original_would() {
                 .unwrap();
             let m = scalar(8.0 - 0.5 * (8.0 - c), &device);
             let m = a.average_parameters(m, &ParamSelection::All).unwrap();
-            let saved = a.overlap_mut().unwrap().settle().unwrap().unwrap();
+            let saved = a.overlap_mut().unwrap().wait_pending().unwrap().unwrap();
             let state = a.state();
             let mut b = PeriodicModelAverager::new(2, 0, g)
                 .unwrap()

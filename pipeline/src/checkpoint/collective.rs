@@ -4,7 +4,7 @@
 use super::{CheckpointDir, CheckpointError, RankCheckpoint, RunIdentity};
 use crate::pipeline::{
     CheckpointContext, Checkpointer, DataPosition, Phase, Pipeline, PipelineError, RestoredState,
-    settle_if_buffers,
+    refresh_buffers,
 };
 use burn::module::Module;
 use burn::optim::ModuleOptimizer;
@@ -157,7 +157,7 @@ impl Checkpoints {
         let model = if ParamSelection::buffers(model).is_empty() {
             model
         } else {
-            settled = settle_if_buffers(model.clone());
+            settled = refresh_buffers(model.clone());
             &settled
         };
         let ctx = current_context(pipeline, model, data)?;
@@ -238,7 +238,7 @@ impl Checkpoints {
 /// still pending (its collective completed, not applied) and the outer averager's state (a
 /// Streaming DiLoCo pseudo-gradient in flight waited for). Collective when an average or
 /// pseudo-gradient is in flight: call it on every rank at the same iteration. Pass `model` with
-/// its buffers settled ([`settle_if_buffers`]); [`Checkpoints::save_state`] does both.
+/// its buffers settled ([`refresh_buffers`]); [`Checkpoints::save_state`] does both.
 ///
 /// [`CheckpointError::Unsupported`] for a pipeline built with an
 /// [`InnerOptimizer`](crate::pipeline::InnerOptimizer), whose optimizer state it does not hold.

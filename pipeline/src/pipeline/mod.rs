@@ -572,12 +572,7 @@ impl<M: Module> Pipeline<M> {
         if !self.start_pending {
             return Ok(model);
         }
-        let m = broadcast_in_group(
-            settle_if_buffers(model),
-            &ParamSelection::All,
-            &self.group,
-            0,
-        )?;
+        let m = broadcast_in_group(refresh_buffers(model), &ParamSelection::All, &self.group, 0)?;
         self.start_pending = false;
         Ok(m)
     }
@@ -793,7 +788,7 @@ impl<M: Module> Pipeline<M> {
             return Ok(model);
         }
         // Buffers are saved with the last forward's update.
-        let model = settle_if_buffers(model);
+        let model = refresh_buffers(model);
         let pending_average = self.pending_average()?;
         let outer = self.outer_state()?;
         let optimizer = self.inner.module_optimizer().ok_or_else(|| {
@@ -843,7 +838,7 @@ impl<M: Module> Pipeline<M> {
     /// checkpoints; `None` without overlap or when nothing is pending.
     pub fn pending_average(&mut self) -> Result<Option<PendingAverage>, PipelineError> {
         match self.averager.as_mut().and_then(|a| a.overlap_mut()) {
-            Some(overlap) => Ok(overlap.settle()?),
+            Some(overlap) => Ok(overlap.wait_pending()?),
             None => Ok(None),
         }
     }
@@ -864,7 +859,7 @@ impl<M: Module> Pipeline<M> {
     /// leaves (the binary evaluates and exports it; the burn-train strategy returns it). The
     /// ranks' own models are unchanged. Call it after [`finish`](Self::finish).
     pub fn world_average(&self, model: M) -> Result<M, PipelineError> {
-        let model = settle_if_buffers(model);
+        let model = refresh_buffers(model);
         Ok(average_in_group(model, &ParamSelection::All, &self.group)?)
     }
 
@@ -875,7 +870,7 @@ impl<M: Module> Pipeline<M> {
         if let Some(sync) = &mut self.sync {
             sync.reducer.close()?;
         }
-        let model = settle_if_buffers(model);
+        let model = refresh_buffers(model);
         match &mut self.averager {
             Some(averager) => Ok(averager.complete_pending(model)?),
             None => Ok(model),
@@ -889,7 +884,7 @@ impl<M: Module> Pipeline<M> {
 /// written by a mapper is then replaced by the pending update. `Module::train` applies pending
 /// updates and starts each state afresh (same id); on a training module it changes nothing
 /// else. A module without buffers is returned as is (callers check first).
-fn settle_buffers<M: Module>(model: M) -> M {
+fn apply_buffer_updates<M: Module>(model: M) -> M {
     model.train()
 }
 
@@ -897,11 +892,11 @@ fn settle_buffers<M: Module>(model: M) -> M {
 /// forward pass's update pending until the next forward reads it): the buffers' latest values
 /// become visible (call it before reading or saving a module that ran forward passes). Other
 /// modules are returned as they are.
-pub fn settle_if_buffers<M: Module>(model: M) -> M {
+pub fn refresh_buffers<M: Module>(model: M) -> M {
     if ParamSelection::buffers(&model).is_empty() {
         model
     } else {
-        settle_buffers(model)
+        apply_buffer_updates(model)
     }
 }
 
@@ -913,7 +908,7 @@ pub fn broadcast_buffers<M: Module>(model: M, group: &Group) -> Result<M, Pipeli
         return Ok(model);
     }
     Ok(broadcast_in_group(
-        settle_buffers(model),
+        apply_buffer_updates(model),
         &buffers,
         group,
         0,
@@ -928,7 +923,11 @@ pub fn average_buffers<M: Module>(model: M, group: &Group) -> Result<M, Pipeline
     if buffers.is_empty() {
         return Ok(model);
     }
-    Ok(average_in_group(settle_buffers(model), &buffers, group)?)
+    Ok(average_in_group(
+        apply_buffer_updates(model),
+        &buffers,
+        group,
+    )?)
 }
 
 /// PyTorch's `clip_grad_norm_`: the L2 norm over every gradient in `grads` (one flattened read,

@@ -64,7 +64,7 @@
 //!   behind compute.
 //!
 //! ```
-//! use localsgd_trainer::plan::{Algorithm, Cluster, Layout, Link, Workload, predict};
+//! use localsgd_trainer::cost_model::{Algorithm, Cluster, Layout, Link, Workload, predict};
 //! // 600k parameters, 5 ms of compute, 2 hosts x 1 rank over 1 Gbit/s.
 //! let cluster = Cluster::new(Layout { hosts: 2, ranks_per_host: 1 }, Link::gbit(1.0, 50e-6));
 //! let work = Workload {
@@ -727,7 +727,7 @@ impl Figures {
 /// whenever the link carries no data, up to its burst, and a data collective across hosts
 /// goes through at once for as many bytes as it holds (both in payload bytes).
 #[derive(Debug, Clone, Copy)]
-struct Bucket {
+struct TokenBucket {
     burst: f64,
     refill: f64,
     tokens: f64,
@@ -735,7 +735,7 @@ struct Bucket {
     idle: f64,
 }
 
-impl Bucket {
+impl TokenBucket {
     /// The credit of a data collective of `bytes` on the link, after `before` more idle
     /// seconds (its latency, the flatten copy), and `after` idle seconds behind it (the
     /// write-back); what it spends is gone from the bucket.
@@ -818,10 +818,10 @@ impl<'a> Model<'a> {
     }
 
     /// An empty bucket of this cluster's links.
-    fn bucket(&self) -> Bucket {
+    fn bucket(&self) -> TokenBucket {
         let link = self.cluster.link;
         let efficiency = (link.mtu - TCP_IP_HEADERS) / (link.mtu + ETHERNET_HEADER);
-        Bucket {
+        TokenBucket {
             burst: link.burst_bytes.max(0.0) * efficiency,
             refill: link.bits_per_second / 8.0 * efficiency,
             tokens: 0.0,
@@ -830,7 +830,7 @@ impl<'a> Model<'a> {
     }
 
     /// Iteration `i`'s figures; the links' token bucket carries over from one to the next.
-    fn iteration(&self, i: u64, bucket: &mut Bucket) -> Figures {
+    fn iteration(&self, i: u64, bucket: &mut TokenBucket) -> Figures {
         let (work, cluster) = (self.work, self.cluster);
         let mut comm = 0.0;
         let mut link_bytes = 0.0;
