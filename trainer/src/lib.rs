@@ -3,7 +3,8 @@
 //! The `localsgd` application: the run configuration ([`config`], TOML and flags), data sets
 //! ([`data`]), the models ([`model`]'s MLP, [`cnn`] with [`batch_norm`], both behind
 //! [`classifier`]), PyTorch weight import and export ([`init_weights`], [`export`]), metrics,
-//! plots, the cost model ([`plan`]) and the per-rank run ([`run`]) that the binary launches.
+//! plots and the per-rank run ([`run`]) that the binary launches; the cost model of `localsgd plan`
+//! is the `localsgd-planner` crate.
 //! The distributed loop itself is the library crate `localsgd-pipeline`; its modules
 //! ([`pipeline`], [`algorithm`], [`checkpoint`], [`lr_schedule`]) are re-exported here under the
 //! same names, so `localsgd_trainer::pipeline::Pipeline` keeps working. A library user who wants
@@ -18,7 +19,6 @@ pub mod classifier;
 pub mod cli;
 pub mod cnn;
 pub mod config;
-pub mod cost_model;
 pub mod data;
 pub mod denormals;
 pub mod export;

@@ -6,11 +6,11 @@
 
 use anyhow::{Context, Result, bail};
 use localsgd_averagers::Level;
-use localsgd_trainer::config::{Compression, Levels};
-use localsgd_trainer::cost_model::{
+use localsgd_planner::{
     Algorithm, Cluster, Layout, Link, Prediction, Schedule, Workload, predict, recommend_levels,
     recommend_period, run_seconds,
 };
+use localsgd_trainer::config::{Compression, Levels};
 use localsgd_trainer::model::MlpConfig;
 use std::path::PathBuf;
 

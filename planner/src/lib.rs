@@ -1,3 +1,5 @@
+//! # localsgd-planner
+//!
 //! The cost model behind `localsgd plan`: predicted time and bytes per iteration of each
 //! algorithm, from the model size, a measured compute time, the layout (hosts x ranks per host)
 //! and the links, and a recommended averaging period for a target communication share
@@ -64,7 +66,7 @@
 //!   behind compute.
 //!
 //! ```
-//! use localsgd_trainer::cost_model::{Algorithm, Cluster, Layout, Link, Workload, predict};
+//! use localsgd_planner::{Algorithm, Cluster, Layout, Link, Workload, predict};
 //! // 600k parameters, 5 ms of compute, 2 hosts x 1 rank over 1 Gbit/s.
 //! let cluster = Cluster::new(Layout { hosts: 2, ranks_per_host: 1 }, Link::gbit(1.0, 50e-6));
 //! let work = Workload {
@@ -83,9 +85,11 @@
 //! assert_eq!(ddp.payload_data_bytes, 2_400_000.0);
 //! ```
 
-use crate::config::Levels;
+#![deny(missing_docs)]
+
 use localsgd_averagers::{Level, validate_levels};
 use localsgd_comm::MPI_PIECE_BYTES;
+use localsgd_pipeline::settings::Levels;
 use serde::Serialize;
 
 /// TCP (with timestamps) and IPv4 header bytes per segment.
