@@ -17,7 +17,7 @@
 //! Exit codes: 0 all checks passed; 1 a check failed; 77 skipped (no GPU, no CUDA driver, no
 //! NCCL, or NCCL refused more ranks than GPUs), with a `SKIP: <reason>` line.
 
-#[path = "../check_report.rs"]
+#[path = "check_report.rs"]
 mod check_report;
 
 use burn::nn::{Linear, LinearConfig};

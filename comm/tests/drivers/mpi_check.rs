@@ -17,7 +17,7 @@
 //! - `bench [--signature-check]`: all-reduce time of 1 f32 (latency) and throughput at 1M and
 //!   16M f32; rank 0 prints `BENCH ...` lines.
 
-#[path = "../check_report.rs"]
+#[path = "check_report.rs"]
 mod check_report;
 
 use check_report::Checker;
