@@ -34,10 +34,8 @@ use burn_train::{
     TrainingStrategy,
 };
 use localsgd_learner::{
-    AlgorithmKind, AlgorithmSpec, ConsoleRenderer, Levels, LocalSgdStrategy, StrategyConfig,
+    AlgorithmKind, AlgorithmSpec, ConsoleRenderer, LocalSgdStrategy, StrategyConfig,
 };
-use localsgd_pipeline::algorithm::default_levels;
-use localsgd_pipeline::settings::SLOWMO_FREQUENCY;
 use localsgd_trainer::cnn::{Cnn, CnnConfig};
 
 #[derive(Clone, Debug)]
@@ -112,38 +110,6 @@ struct Args {
     out: PathBuf,
 }
 
-/// Every algorithm the strategy runs, by its `--algorithm` name.
-const ALGORITHMS: [AlgorithmKind; 7] = [
-    AlgorithmKind::Ddp,
-    AlgorithmKind::LocalSgd,
-    AlgorithmKind::PostLocalSgd,
-    AlgorithmKind::Hierarchical,
-    AlgorithmKind::Diloco,
-    AlgorithmKind::StreamingDiloco,
-    AlgorithmKind::Slowmo,
-];
-
-/// The algorithm's settings from the flags: `--warmup` and `--period` for every averaging
-/// algorithm; hierarchical averages pairs every period and the world every two.
-fn spec(args: &Args) -> Result<AlgorithmSpec, String> {
-    let (warmup, period) = (args.warmup, args.period);
-    Ok(match args.algorithm {
-        AlgorithmKind::Ddp => AlgorithmSpec::ddp(),
-        AlgorithmKind::LocalSgd => AlgorithmSpec::local_sgd(period),
-        AlgorithmKind::PostLocalSgd => AlgorithmSpec::post_local_sgd(warmup, period),
-        AlgorithmKind::Hierarchical => {
-            AlgorithmSpec::hierarchical(warmup, Levels::from(default_levels(args.workers, period)))
-        }
-        AlgorithmKind::Diloco => AlgorithmSpec::diloco(period).with_warmup(warmup),
-        AlgorithmKind::StreamingDiloco => {
-            AlgorithmSpec::streaming_diloco(period, 2).with_warmup(warmup)
-        }
-        AlgorithmKind::Slowmo => {
-            AlgorithmSpec::slowmo(period, SLOWMO_FREQUENCY).with_warmup(warmup)
-        }
-    })
-}
-
 fn parse_args() -> Result<Args, String> {
     let mut args = Args {
         data_dir: PathBuf::from("/usr/share/datasets/fashion-mnist"),
@@ -171,17 +137,7 @@ fn parse_args() -> Result<Args, String> {
             "--items" => args.items = Some(number(&value)? as usize),
             "--out" => args.out = PathBuf::from(value),
             "--algorithm" => {
-                args.algorithm = ALGORITHMS
-                    .iter()
-                    .copied()
-                    .find(|k| k.name() == value)
-                    .ok_or_else(|| {
-                        let names: Vec<&str> = ALGORITHMS.iter().map(|k| k.name()).collect();
-                        format!(
-                            "--algorithm {value:?}: expected one of {}",
-                            names.join(", ")
-                        )
-                    })?;
+                args.algorithm = AlgorithmKind::from_name(&value).map_err(|e| e.to_string())?;
             }
             other => return Err(format!("unknown flag {other}; see the example's docs")),
         }
@@ -232,7 +188,13 @@ fn run() -> Result<(), String> {
         .batch_size(256)
         .build(InMemDataset::new(images(&data.test, None)));
 
-    let config = StrategyConfig::new(spec(&args)?).with_workers(args.workers);
+    let config = StrategyConfig::new(AlgorithmSpec::of(
+        args.algorithm,
+        args.warmup,
+        args.period,
+        args.workers,
+    ))
+    .with_workers(args.workers);
     let device = Device::flex().autodiff();
     let strategy = Arc::new(
         LocalSgdStrategy::new(config, device.clone())

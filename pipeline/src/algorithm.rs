@@ -120,6 +120,26 @@ impl AlgorithmSpec {
         }
     }
 
+    /// `kind` averaging on one `period` after `warmup` synchronous steps, as a program with a
+    /// `--algorithm` and a `--period` flag builds it: hierarchical averaging on
+    /// [`default_levels`]`(workers, period)`, Streaming DiLoCo with 2 fragments, SlowMo with
+    /// fairscale's slow-step frequency ([`SLOWMO_FREQUENCY`](crate::settings::SLOWMO_FREQUENCY));
+    /// DDP takes neither a period nor a warmup.
+    pub fn of(kind: AlgorithmKind, warmup: u64, period: u64, workers: usize) -> Self {
+        let spec = match kind {
+            AlgorithmKind::Ddp => return Self::ddp(),
+            AlgorithmKind::LocalSgd => Self::local_sgd(period),
+            AlgorithmKind::PostLocalSgd => Self::post_local_sgd(warmup, period),
+            AlgorithmKind::Hierarchical => {
+                Self::hierarchical(warmup, Levels::from(default_levels(workers, period)))
+            }
+            AlgorithmKind::Diloco => Self::diloco(period),
+            AlgorithmKind::StreamingDiloco => Self::streaming_diloco(period, 2),
+            AlgorithmKind::Slowmo => Self::slowmo(period, crate::settings::SLOWMO_FREQUENCY),
+        };
+        spec.with_warmup(warmup)
+    }
+
     /// These settings with `warmup` synchronous steps first (the post-local SGD hook's
     /// `start_localSGD_iter`, the averagers' `warmup_steps`).
     pub fn with_warmup(mut self, warmup: u64) -> Self {

@@ -23,8 +23,7 @@ use burn_train::{
     TrainStep, TrainingStrategy,
 };
 use localsgd_comm::params::{FlatBuffer, ParamSelection, flatten_params};
-use localsgd_learner::{AlgorithmKind, AlgorithmSpec, Levels, LocalSgdStrategy, StrategyReport};
-use localsgd_pipeline::algorithm::default_levels;
+use localsgd_learner::{AlgorithmKind, AlgorithmSpec, LocalSgdStrategy, StrategyReport};
 use localsgd_trainer::model::{Mlp, MlpConfig};
 
 /// Learning rate of the SGD optimizer.
@@ -144,44 +143,11 @@ pub fn optimizer() -> burn::optim::ModuleOptimizer {
         .init()
 }
 
-/// Every algorithm the strategy runs, by its `--algorithm` name.
-pub const ALGORITHMS: [AlgorithmKind; 7] = [
-    AlgorithmKind::Ddp,
-    AlgorithmKind::LocalSgd,
-    AlgorithmKind::PostLocalSgd,
-    AlgorithmKind::Hierarchical,
-    AlgorithmKind::Diloco,
-    AlgorithmKind::StreamingDiloco,
-    AlgorithmKind::Slowmo,
-];
-
-/// The algorithm named `name` (`ddp`, `local-sgd`, `post-local-sgd`, `hierarchical`, `diloco`,
-/// `streaming-diloco`, `slowmo`) on `world` ranks: `warmup` optimizer steps of gradient
-/// all-reduce (every algorithm but DDP and local SGD), then averaging every `period` steps
-/// (DiLoCo's H; hierarchical averages pairs every period and the world every two, SlowMo takes
-/// its slow momentum step every two, Streaming DiLoCo syncs 2 fragments).
+/// The settings of `--algorithm name` with `--warmup` and `--period` on `world` ranks (the
+/// library's [`AlgorithmSpec::of`]).
 pub fn spec(name: &str, world: usize, warmup: u64, period: u64) -> Result<AlgorithmSpec, String> {
-    let kind = ALGORITHMS
-        .iter()
-        .copied()
-        .find(|k| k.name() == name)
-        .ok_or_else(|| {
-            let names: Vec<&str> = ALGORITHMS.iter().map(|k| k.name()).collect();
-            format!("--algorithm {name:?}: expected one of {}", names.join(", "))
-        })?;
-    Ok(match kind {
-        AlgorithmKind::Ddp => AlgorithmSpec::ddp(),
-        AlgorithmKind::LocalSgd => AlgorithmSpec::local_sgd(period),
-        AlgorithmKind::PostLocalSgd => AlgorithmSpec::post_local_sgd(warmup, period),
-        AlgorithmKind::Hierarchical => {
-            AlgorithmSpec::hierarchical(warmup, Levels::from(default_levels(world, period)))
-        }
-        AlgorithmKind::Diloco => AlgorithmSpec::diloco(period).with_warmup(warmup),
-        AlgorithmKind::StreamingDiloco => {
-            AlgorithmSpec::streaming_diloco(period, 2).with_warmup(warmup)
-        }
-        AlgorithmKind::Slowmo => AlgorithmSpec::slowmo(period, 2 * period).with_warmup(warmup),
-    })
+    let kind = AlgorithmKind::from_name(name).map_err(|e| e.to_string())?;
+    Ok(AlgorithmSpec::of(kind, warmup, period, world))
 }
 
 /// `epochs` epochs of the digits through burn-train's `SupervisedTraining` with `strategy`, in

@@ -94,3 +94,22 @@ fn an_outer_algorithm_without_its_optimizer_is_refused() {
         refused(config, &["outer", kind.name()]);
     }
 }
+
+/// An algorithm name that is none of them is refused naming it and every valid one.
+#[test]
+fn an_unknown_algorithm_name_is_refused_naming_the_valid_ones() {
+    let err = AlgorithmKind::from_name("dilocco").unwrap_err().to_string();
+    assert!(err.contains("\"dilocco\""), "{err}");
+    for name in [
+        "ddp",
+        "local-sgd",
+        "post-local-sgd",
+        "hierarchical",
+        "diloco",
+        "streaming-diloco",
+        "slowmo",
+    ] {
+        assert!(err.contains(name), "{err} lacks {name}");
+        assert_eq!(AlgorithmKind::from_name(name).unwrap().name(), name);
+    }
+}

@@ -196,8 +196,8 @@ fn a_bad_algorithm_is_printed_once_and_the_job_fails() {
     };
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success(), "{stderr}");
-    let error = "error: --algorithm \"fedavg\": expected one of ddp, local-sgd, post-local-sgd, \
-                 hierarchical, diloco, streaming-diloco, slowmo";
+    let error = "error: invalid setting `algorithm` = \"fedavg\": one of ddp, local-sgd, \
+                 post-local-sgd, hierarchical, diloco, streaming-diloco, slowmo";
     assert_eq!(stderr.matches(error).count(), 1, "{stderr}");
     assert!(
         !String::from_utf8_lossy(&output.stdout).contains("Starting training"),

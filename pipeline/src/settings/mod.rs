@@ -39,6 +39,33 @@ pub enum AlgorithmKind {
 }
 
 impl AlgorithmKind {
+    /// Every algorithm, in the order the book lists them.
+    pub const ALL: [AlgorithmKind; 7] = [
+        AlgorithmKind::Ddp,
+        AlgorithmKind::LocalSgd,
+        AlgorithmKind::PostLocalSgd,
+        AlgorithmKind::Hierarchical,
+        AlgorithmKind::Diloco,
+        AlgorithmKind::StreamingDiloco,
+        AlgorithmKind::Slowmo,
+    ];
+
+    /// The algorithm written `name` in a config file or a flag (`ddp`, `local-sgd`, ...); the
+    /// error names the value and every valid one.
+    pub fn from_name(name: &str) -> Result<Self, SettingError> {
+        Self::ALL
+            .into_iter()
+            .find(|k| k.name() == name)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Self::ALL.iter().map(|k| k.name()).collect();
+                SettingError::new(
+                    "algorithm",
+                    format!("{name:?}"),
+                    format!("one of {}", names.join(", ")),
+                )
+            })
+    }
+
     /// The value as written in a config file or a flag (`ddp`, `local-sgd`, ...).
     pub fn name(self) -> &'static str {
         match self {
