@@ -57,10 +57,6 @@ pub struct StrategyReport {
 impl StrategyReport {
     /// Bytes, collectives and float-data bytes sent, all ranks together.
     pub fn traffic(&self) -> Traffic {
-        self.ranks.iter().fold(Traffic::default(), |t, r| Traffic {
-            collectives: t.collectives + r.traffic.collectives,
-            bytes: t.bytes + r.traffic.bytes,
-            data_bytes: t.data_bytes + r.traffic.data_bytes,
-        })
+        self.ranks.iter().map(|r| r.traffic).sum()
     }
 }
