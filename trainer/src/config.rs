@@ -1,6 +1,7 @@
 //! The run configuration: one struct, read from a TOML file (`--config run.toml`), overridden by
 //! command-line flags of the same names, validated before anything is written.
 
+use crate::cli::{Widths, parse_widths};
 pub use crate::pipeline::{Accumulation, BufferPolicy};
 use localsgd_averagers::PseudoGradient;
 use localsgd_comm::Precision;
@@ -129,260 +130,297 @@ pub enum MetricsFormat {
     Jsonl,
 }
 
-/// Every setting of a training run. Keys in the TOML file and command-line flags share these
-/// names (kebab-case): `period = 4` in the file is `--period 4` on the command line.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
-pub struct TrainConfig {
+/// The flag type of a setting: the setting's own type, or the type after `as` (an optional
+/// setting's flag takes the value itself; a list flag parses its own syntax).
+macro_rules! flag_type {
+    ($setting:ty) => {
+        $setting
+    };
+    ($setting:ty, $flag:ty) => {
+        $flag
+    };
+}
+
+/// Declares every setting once: its doc, its flag attributes, its type and its default. From
+/// that one list come [`TrainConfig`] (the TOML file's keys), its `Default`, [`ConfigFlags`]
+/// (the flags of `localsgd train`, documented by the same doc) and the overlay of given flags
+/// on a configuration. `name: Option<T> as T` is a setting that may stay unset, whose flag
+/// takes a `T`; `name: Vec<usize> as Widths` one whose flag parses a comma-separated list.
+macro_rules! settings {
+    ($(
+        $(#[doc = $doc:expr])*
+        $(#[arg($($arg:tt)*)])?
+        $name:ident : $ty:ty $(as $flag:ty)? = $default:expr,
+    )*) => {
+        /// Every setting of a training run. Keys in the TOML file and command-line flags share
+        /// these names (kebab-case): `period = 4` in the file is `--period 4` on the command
+        /// line.
+        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+        #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+        pub struct TrainConfig {
+            $( $(#[doc = $doc])* pub $name: $ty, )*
+        }
+
+        impl Default for TrainConfig {
+            fn default() -> Self {
+                Self { $( $name: $default, )* }
+            }
+        }
+
+        /// The settings given on the command line, each overriding the same key of the config
+        /// file: the flags of `localsgd train` (and of the commands that take a run's settings).
+        #[derive(Debug, Clone, Default, clap::Args)]
+        pub struct ConfigFlags {
+            /// TOML file with settings (keys are the flag names without `--`).
+            #[arg(long, value_name = "FILE")]
+            pub config: Option<PathBuf>,
+            $(
+                $(#[doc = $doc])*
+                #[arg(long $(, $($arg)*)?)]
+                pub $name: Option<flag_type!($ty $(, $flag)?)>,
+            )*
+        }
+
+        impl ConfigFlags {
+            /// Writes every setting given as a flag over `cfg`.
+            pub fn overlay(&self, cfg: &mut TrainConfig) {
+                $( if let Some(v) = &self.$name { cfg.$name = v.clone().into(); } )*
+            }
+        }
+    };
+}
+
+settings! {
     /// Number of workers (ranks). With `backend = "mpi"` or `"nccl"` it defaults to the world
     /// size (`mpirun -np N`, `WORLD_SIZE`); a value given explicitly must equal it.
-    pub workers: usize,
+    #[arg(allow_negative_numbers = true)]
+    workers: usize = 2,
     /// Process-group backend.
-    pub backend: Backend,
+    #[arg(value_enum)]
+    backend: Backend = Backend::Threads,
     /// Compute device of each rank.
-    pub device: DeviceKind,
+    #[arg(value_enum)]
+    device: DeviceKind = DeviceKind::Cpu,
     /// Training algorithm.
-    pub algorithm: AlgorithmKind,
+    #[arg(value_enum)]
+    algorithm: AlgorithmKind = AlgorithmKind::PostLocalSgd,
     /// Iterations of global gradient averaging before local steps start; also the averager's
     /// warmup (one knob for both, as in Lightning). At most `i64::MAX` (PyTorch's counter).
-    pub warmup: u64,
+    #[arg(allow_negative_numbers = true)]
+    warmup: u64 = 50,
     /// The same switch point in epochs (the post-local SGD paper switches at the first
     /// learning-rate decay, usually an epoch boundary): when set, `warmup` becomes this many
     /// epochs' optimizer steps (batches per rank per epoch, divided by `accumulate`).
-    pub warmup_epochs: Option<u64>,
+    #[arg(allow_negative_numbers = true)]
+    warmup_epochs: Option<u64> as u64 = None,
     /// Model averaging period in optimizer steps: local SGD's and post-local SGD's averages,
     /// DiLoCo's and Streaming DiLoCo's rounds (H), SlowMo's plain averages (fairscale's
     /// `localsgd_frequency`). `0` is invalid. Unset: 4 for `local-sgd` and `post-local-sgd`, 50
     /// for `diloco` and `streaming-diloco`, 3 for `slowmo`; refused for `ddp` and
     /// `hierarchical` (whose `levels` carry the periods).
-    pub period: Option<u64>,
+    #[arg(allow_negative_numbers = true)]
+    period: Option<u64> as u64 = None,
     /// Overlapped averaging (local-sgd, post-local-sgd): start each average after its step's
     /// optimizer step and apply it `overlap` iterations later as `avg(x_t) + (x_now - x_t)`,
     /// communicating while those iterations compute. `0` (default): blocking averaging, as
     /// PyTorch. At most `period`.
-    pub overlap: u64,
+    #[arg(allow_negative_numbers = true)]
+    overlap: u64 = 0,
     /// Hierarchical levels as `period:group-size` pairs, e.g. `"2:2,4:4"`. Periods strictly
     /// increase; the last group size must be the number of workers.
-    pub levels: Levels,
+    levels: Levels = Levels::default(),
     /// `diloco`/`slowmo`: the outer learning rate (DiLoCo's outer SGD lr, SlowMo's
     /// `slowmo_lr` α). Unset: 0.7 for `diloco`, 1 for `slowmo`.
-    pub outer_lr: Option<f64>,
+    #[arg(allow_negative_numbers = true)]
+    outer_lr: Option<f64> as f64 = None,
     /// `diloco`/`slowmo`: the outer momentum (SGD momentum, SlowMo's `slowmo_momentum` β).
     /// Unset: 0.9 for `diloco`, 0.5 for `slowmo`.
-    pub outer_momentum: Option<f64>,
+    #[arg(allow_negative_numbers = true)]
+    outer_momentum: Option<f64> as f64 = None,
     /// `diloco`: Nesterov momentum for the outer SGD (needs `outer-momentum` > 0). Unset: true
     /// when the outer momentum is above 0. `slowmo` is heavy-ball only.
-    pub outer_nesterov: Option<bool>,
+    outer_nesterov: Option<bool> as bool = None,
     /// `diloco`/`slowmo`: how the pseudo-gradient is reduced. Unset: `mean-of-deltas` for
     /// `diloco`, `delta-of-mean` for `slowmo`.
-    pub outer_reduce: Option<OuterReduce>,
+    #[arg(value_enum)]
+    outer_reduce: Option<OuterReduce> as OuterReduce = None,
     /// `diloco`, `streaming-diloco`: send the pseudo-gradients in half precision (`fp16`, `bf16`; needs
     /// `mean-of-deltas`). Unset or `none`: full precision.
-    pub outer_compression: Option<Compression>,
+    #[arg(value_enum)]
+    outer_compression: Option<Compression> as Compression = None,
     /// `streaming-diloco`: the number of fragments F (contiguous runs of whole parameter
     /// tensors); one fragment syncs every `period / fragments` local steps, each every
     /// `period`. Unset: 2. The other algorithms refuse it.
-    pub fragments: Option<usize>,
+    #[arg(allow_negative_numbers = true)]
+    fragments: Option<usize> as usize = None,
     /// `streaming-diloco`: τ (torchft's `fragment_sync_delay`): a fragment's
     /// pseudo-gradient is measured and its all-reduce started τ local steps before it is
     /// applied, behind those steps' compute. Below `period / fragments`. Unset: 0.
-    pub fragment_sync_delay: Option<u64>,
+    #[arg(allow_negative_numbers = true)]
+    fragment_sync_delay: Option<u64> as u64 = None,
     /// `streaming-diloco`: α (torchft's `fragment_update_alpha`): after its outer
     /// step a fragment becomes `θ_f + α·(x_f − θ_f)`. In [0, 1]. Unset: 0.
-    pub fragment_alpha: Option<f64>,
+    #[arg(allow_negative_numbers = true)]
+    fragment_alpha: Option<f64> as f64 = None,
     /// `slowmo`: the slow momentum step every this many optimizer steps (fairscale's
     /// `slowmo_frequency`); the models are averaged every `period` steps in between. Unset:
     /// 48, fairscale's default.
-    pub slowmo_frequency: Option<u64>,
+    #[arg(allow_negative_numbers = true)]
+    slowmo_frequency: Option<u64> as u64 = None,
     /// Post-warmup gradient all-reduce subgroup size (blocks of this many ranks). Unset: the
     /// ranks on the same host.
-    pub subgroup_size: Option<usize>,
+    #[arg(allow_negative_numbers = true)]
+    subgroup_size: Option<usize> as usize = None,
     /// After warmup, keep all-reducing gradients within the subgroup (PyTorch's
     /// `post_local_gradient_allreduce`).
-    pub post_local_allreduce: bool,
+    post_local_allreduce: bool = false,
     /// Give every rank rank 0's parameters and buffers before the first iteration of a fresh
     /// run (PyTorch DDP's construction-time broadcast). Not on resume.
-    pub broadcast_start: bool,
+    broadcast_start: bool = true,
     /// Buffers (BatchNorm running statistics, frozen parameters): `broadcast` from rank 0 every
     /// iteration (DDP's `broadcast_buffers=True`), `average` at averaging steps, or `local`.
-    pub buffers: BufferPolicy,
+    #[arg(value_enum)]
+    buffers: BufferPolicy = BufferPolicy::Broadcast,
     /// Pipeline the gradient buckets (ddp, and the warmup of post-local-sgd / hierarchical):
     /// start every bucket's average non-blocking and step each bucket's parameters as soon as
     /// its average arrives. Same numbers either way; with `compression` buckets run the blocking
     /// way.
-    pub pipeline_buckets: PipelineBuckets,
+    #[arg(value_enum)]
+    pipeline_buckets: PipelineBuckets = PipelineBuckets::Auto,
     /// Gradient bucket cap in MiB (buckets after the first).
-    pub bucket_cap_mb: f64,
+    #[arg(allow_negative_numbers = true)]
+    bucket_cap_mb: f64 = 25.0,
     /// First gradient bucket cap in MiB.
-    pub first_bucket_mb: f64,
+    #[arg(allow_negative_numbers = true)]
+    first_bucket_mb: f64 = 1.0,
     /// Gradient compression around the hook.
-    pub compression: Compression,
+    #[arg(value_enum)]
+    compression: Compression = Compression::None,
     /// The model: `mlp` or `cnn`.
-    pub model: ModelKind,
+    #[arg(value_enum)]
+    model: ModelKind = ModelKind::Mlp,
     /// Hidden layer widths of the MLP.
-    pub hidden: Vec<usize>,
+    #[arg(value_parser = parse_widths, value_name = "W1,W2,...", allow_hyphen_values = true)]
+    hidden: Vec<usize> as Widths = vec![64],
     /// Output channels of the CNN's conv blocks (model = "cnn").
-    pub channels: Vec<usize>,
+    #[arg(value_parser = parse_widths, value_name = "C1,C2,...", allow_hyphen_values = true)]
+    channels: Vec<usize> as Widths = vec![8, 16],
     /// Data set.
-    pub dataset: DatasetKind,
+    #[arg(value_enum)]
+    dataset: DatasetKind = DatasetKind::Digits,
     /// Directory with MNIST-format IDX files (dataset = "idx").
-    pub data_dir: Option<PathBuf>,
+    data_dir: Option<PathBuf> as PathBuf = None,
     /// Number of generated samples (dataset = "synthetic"); 80% train, 20% test.
-    pub synthetic_samples: usize,
+    #[arg(allow_negative_numbers = true)]
+    synthetic_samples: usize = 2000,
     /// Feature dimension of the synthetic data.
-    pub synthetic_dim: usize,
+    #[arg(allow_negative_numbers = true)]
+    synthetic_dim: usize = 16,
     /// Number of classes of the synthetic data.
-    pub synthetic_classes: usize,
+    #[arg(allow_negative_numbers = true)]
+    synthetic_classes: usize = 4,
     /// Batch size per worker.
-    pub batch_size: usize,
+    #[arg(allow_negative_numbers = true)]
+    batch_size: usize = 32,
     /// Micro-batches of `batch-size` per optimizer step (gradient accumulation; 1: none). Each
     /// micro-batch's loss is divided by it before backward (the summed gradients are their
     /// mean, PyTorch's accumulation loop).
-    pub accumulate: usize,
+    #[arg(allow_negative_numbers = true)]
+    accumulate: usize = 1,
     /// How a step's micro-batches meet an epoch's end: `stream` (one stream across epochs, as
     /// iteration-based PyTorch loops draw them; the run's last step takes what is left) or
     /// `epoch-end` (Lightning: each epoch's last step takes the micro-batches left). Every
     /// micro-batch is trained either way.
-    pub accumulation: Accumulation,
+    #[arg(value_enum)]
+    accumulation: Accumulation = Accumulation::Stream,
     /// Shuffle the training data every epoch (same permutation on every rank).
-    pub shuffle: bool,
+    shuffle: bool = true,
     /// Seed for model initialization, shuffling and synthetic data.
-    pub seed: u64,
+    #[arg(allow_negative_numbers = true)]
+    seed: u64 = 0,
     /// Optimizer.
-    pub optimizer: OptimizerKind,
+    #[arg(value_enum)]
+    optimizer: OptimizerKind = OptimizerKind::Sgd,
     /// Learning rate.
-    pub lr: f64,
+    #[arg(allow_negative_numbers = true)]
+    lr: f64 = 0.1,
     /// SGD momentum (0 disables it). Ignored by Adam.
-    pub momentum: f64,
+    #[arg(allow_negative_numbers = true)]
+    momentum: f64 = 0.9,
     /// Weight decay; unset: the optimizer's PyTorch default (0 for sgd and adam, 0.01 for
     /// adamw).
-    pub weight_decay: Option<f64>,
+    #[arg(allow_negative_numbers = true)]
+    weight_decay: Option<f64> as f64 = None,
     /// Clip the gradients' global L2 norm to this value before each optimizer step
     /// (`clip_grad_norm_`); 0: no clipping.
-    pub clip_grad_norm: f64,
+    #[arg(allow_negative_numbers = true)]
+    clip_grad_norm: f64 = 0.0,
     /// Learning-rate schedule, stepped once per iteration.
-    pub lr_schedule: LrScheduleKind,
+    #[arg(value_enum)]
+    lr_schedule: LrScheduleKind = LrScheduleKind::Constant,
     /// `step`: iterations between decays.
-    pub lr_step_size: u64,
+    #[arg(allow_negative_numbers = true)]
+    lr_step_size: u64 = 100,
     /// `step`: decay factor (PyTorch's default 0.1).
-    pub lr_gamma: f64,
+    #[arg(allow_negative_numbers = true)]
+    lr_gamma: f64 = 0.1,
     /// `cosine`: the learning rate at the end of the run (PyTorch's `eta_min`, default 0).
-    pub lr_min: f64,
+    #[arg(allow_negative_numbers = true)]
+    lr_min: f64 = 0.0,
     /// `linear-warmup`: warmup iterations (PyTorch's `total_iters`, default 5).
-    pub lr_warmup_steps: u64,
+    #[arg(allow_negative_numbers = true)]
+    lr_warmup_steps: u64 = 5,
     /// `linear-warmup`: the first iteration's factor (PyTorch's `start_factor`, default 1/3).
-    pub lr_warmup_start_factor: f64,
+    #[arg(allow_negative_numbers = true)]
+    lr_warmup_start_factor: f64 = 1.0 / 3.0,
     /// Number of epochs.
-    pub epochs: u64,
+    #[arg(allow_negative_numbers = true)]
+    epochs: u64 = 30,
     /// Stop after this many iterations instead (overrides `epochs` when set).
-    pub steps: Option<u64>,
+    #[arg(allow_negative_numbers = true)]
+    steps: Option<u64> as u64 = None,
     /// Save a checkpoint every this many iterations (0: only at the end).
-    pub checkpoint_every: u64,
+    #[arg(allow_negative_numbers = true)]
+    checkpoint_every: u64 = 0,
     /// All-reduce and log the loss every this many iterations (0: never).
-    pub log_every: u64,
+    #[arg(allow_negative_numbers = true)]
+    log_every: u64 = 10,
     /// Evaluate rank 0's model on the test set every this many iterations and after the last
     /// one, into `eval.csv` (0: never). The evaluation time is not counted as training time.
-    pub eval_every: u64,
+    #[arg(allow_negative_numbers = true)]
+    eval_every: u64 = 0,
     /// Where the config, metrics, loss curve and checkpoints go.
-    pub run_dir: PathBuf,
+    run_dir: PathBuf = PathBuf::from("runs/latest"),
     /// Continue from the latest checkpoint in `run-dir`.
-    pub resume: bool,
+    #[arg(num_args = 0..=1, default_missing_value = "true")]
+    resume: bool = false,
     /// Initialize the model from a PyTorch safetensors file (MLP: `fc1.weight` [out, in],
     /// `fc1.bias`, ...; CNN: `convs.0.weight`, `norms.0.running_mean`, ..., `head.weight`).
-    pub init_weights: Option<PathBuf>,
+    init_weights: Option<PathBuf> as PathBuf = None,
     /// After training, write the world-averaged model (or `export-rank`'s own model) to this
     /// file: safetensors with the PyTorch twin's `state_dict` names and layout, which
     /// `torch.nn.Module.load_state_dict` loads (see `localsgd export` for a finished run).
-    pub export: Option<PathBuf>,
+    #[arg(value_name = "FILE")]
+    export: Option<PathBuf> as PathBuf = None,
     /// Export this rank's own model instead of the world average (needs `export`).
-    pub export_rank: Option<usize>,
+    #[arg(allow_negative_numbers = true)]
+    export_rank: Option<usize> as usize = None,
     /// Seconds a collective may wait for its peers before failing.
-    pub timeout_secs: u64,
+    #[arg(allow_negative_numbers = true)]
+    timeout_secs: u64 = 300,
     /// Skip optimizer steps whose gradients are not finite (averaging still runs).
-    pub skip_non_finite: bool,
+    skip_non_finite: bool = false,
     /// Flush subnormal floats to zero on the compute threads (faster long runs on x86; results
-    /// differ from IEEE arithmetic wherever subnormals occur). See [`crate::denormals`].
-    pub flush_denormals: bool,
+    /// differ from IEEE arithmetic wherever subnormals occur; x86 and aarch64 only).
+    flush_denormals: bool = false,
     /// Format of the per-step metrics file.
-    pub metrics_format: MetricsFormat,
+    #[arg(value_enum)]
+    metrics_format: MetricsFormat = MetricsFormat::Csv,
     /// Show a progress bar on rank 0.
-    pub progress: bool,
+    progress: bool = true,
     /// Print the effective configuration before training (it is saved as the run directory's
     /// `config.toml` either way).
-    pub print_config: bool,
-}
-
-impl Default for TrainConfig {
-    fn default() -> Self {
-        Self {
-            workers: 2,
-            backend: Backend::Threads,
-            device: DeviceKind::Cpu,
-            algorithm: AlgorithmKind::PostLocalSgd,
-            warmup: 50,
-            warmup_epochs: None,
-            period: None,
-            overlap: 0,
-            levels: Levels::default(),
-            outer_lr: None,
-            outer_momentum: None,
-            outer_nesterov: None,
-            outer_reduce: None,
-            outer_compression: None,
-            fragments: None,
-            fragment_sync_delay: None,
-            fragment_alpha: None,
-            slowmo_frequency: None,
-            subgroup_size: None,
-            post_local_allreduce: false,
-            broadcast_start: true,
-            buffers: BufferPolicy::Broadcast,
-            pipeline_buckets: PipelineBuckets::Auto,
-            bucket_cap_mb: 25.0,
-            first_bucket_mb: 1.0,
-            compression: Compression::None,
-            model: ModelKind::Mlp,
-            hidden: vec![64],
-            channels: vec![8, 16],
-            dataset: DatasetKind::Digits,
-            data_dir: None,
-            synthetic_samples: 2000,
-            synthetic_dim: 16,
-            synthetic_classes: 4,
-            batch_size: 32,
-            accumulate: 1,
-            accumulation: Accumulation::Stream,
-            shuffle: true,
-            seed: 0,
-            optimizer: OptimizerKind::Sgd,
-            lr: 0.1,
-            momentum: 0.9,
-            weight_decay: None,
-            clip_grad_norm: 0.0,
-            lr_schedule: LrScheduleKind::Constant,
-            lr_step_size: 100,
-            lr_gamma: 0.1,
-            lr_min: 0.0,
-            lr_warmup_steps: 5,
-            lr_warmup_start_factor: 1.0 / 3.0,
-            epochs: 30,
-            steps: None,
-            checkpoint_every: 0,
-            log_every: 10,
-            eval_every: 0,
-            run_dir: PathBuf::from("runs/latest"),
-            resume: false,
-            init_weights: None,
-            export: None,
-            export_rank: None,
-            timeout_secs: 300,
-            skip_non_finite: false,
-            flush_denormals: false,
-            metrics_format: MetricsFormat::Csv,
-            progress: true,
-            print_config: false,
-        }
-    }
+    print_config: bool = false,
 }
 
 /// A setting with a value that cannot work (the library's [`SettingError`], under the name
