@@ -21,8 +21,8 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_pytorch  # noqa: E402  (its data loaders, MLP, CNN and safetensors reader)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+import bench_pytorch  # noqa: E402  (bench/bench_pytorch.py: its data loaders, MLP, CNN and safetensors reader)
 
 
 def load_state(path):

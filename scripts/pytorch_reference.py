@@ -30,8 +30,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_pytorch  # noqa: E402  (its data loader, MLP and safetensors writer)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+import bench_pytorch  # noqa: E402  (bench/bench_pytorch.py: its data loader, MLP and safetensors writer)
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 OUT_DIR = os.path.join(ROOT, "trainer", "tests", "data")

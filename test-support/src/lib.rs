@@ -9,7 +9,7 @@
 //!   machine only slow each other down).
 //! - [`network_namespaces_usable`]: whether tests that build "hosts" from network namespaces
 //!   can run here (root and `ip netns`), and [`two_hosts`], the one way they run
-//!   `scripts/mpi-two-hosts.sh`.
+//!   `bench/mpi-two-hosts.sh`.
 //!
 //! ```
 //! let cmd = localsgd_test_support::mpirun(2, "/bin/true");
@@ -59,7 +59,7 @@ pub fn network_namespaces_usable() -> bool {
 /// tests running beside the 4-rank job), in a collective that crossed the veth pair.
 pub const OPEN_MPI_CONNECT_FAILURE: &str = "Open MPI failed to TCP connect to a peer";
 
-/// Run `scripts/mpi-two-hosts.sh PROGRAM ARGS...` (4 ranks on two "hosts" in network namespaces;
+/// Run `bench/mpi-two-hosts.sh PROGRAM ARGS...` (4 ranks on two "hosts" in network namespaces;
 /// needs root, see [`network_namespaces_usable`]) while holding [`one_mpi_job`], and return its
 /// output, stdout then stderr, with whether it succeeded.
 ///
@@ -69,7 +69,7 @@ pub const OPEN_MPI_CONNECT_FAILURE: &str = "Open MPI failed to TCP connect to a 
 /// each attempt, so a test can start each from a clean run directory.
 pub fn two_hosts(program: &str, args: impl Fn() -> Vec<String>) -> (bool, String) {
     let _one = one_mpi_job();
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/mpi-two-hosts.sh");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../bench/mpi-two-hosts.sh");
     let run = || -> (bool, String) {
         let out: Output = Command::new("bash")
             .arg(script)

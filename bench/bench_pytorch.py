@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch reference for `scripts/bench-vs-pytorch`: the same MLP, data split, sharding and
+"""PyTorch reference for `bench/bench-vs-pytorch`: the same MLP, data split, sharding and
 algorithm settings as `localsgd train`, on W processes talking gloo.
 
 Modes:
@@ -149,7 +149,7 @@ def parse_args(argv):
     p.add_argument("--threads", type=int, default=0,
                    help="intra-op threads per process (0: max(1, cores // workers))")
     p.add_argument("--pin-cores", action="store_true",
-                   help="pin rank r to CPU core r %% (usable cores) before it starts (what scripts/bench-matrix "
+                   help="pin rank r to CPU core r %% (usable cores) before it starts (what bench/bench-matrix "
                         "does to its ranks by default: the scheduler otherwise moves ranks between cores)")
     p.add_argument("--init-weights", default=None, help="safetensors file (fc1.weight, fc1.bias, ...) to start from")
     p.add_argument("--save-init", default=None,

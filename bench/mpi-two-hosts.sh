@@ -4,7 +4,7 @@
 # mpirun runs in h1; it starts the h2 daemon through a tiny launch agent (instead of ssh) that
 # enters h2's network namespace and a fresh UTS namespace named h2.
 #
-# Usage (root): scripts/mpi-two-hosts.sh <mpi program> [args...]
+# Usage (root): bench/mpi-two-hosts.sh <mpi program> [args...]
 #   default args: check --expect-hosts 2 (the mpi_check driver of localsgd-comm)
 # Only loopback and the two namespaces created here carry traffic. Everything is removed on exit.
 set -euo pipefail

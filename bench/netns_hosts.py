@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """N emulated "hosts" on one machine: Linux network namespaces behind a switch, links shaped by tbf.
 
-This generalises ``scripts/mpi-two-hosts.sh`` (two namespaces joined by one veth pair) to any
+This generalises ``bench/mpi-two-hosts.sh`` (two namespaces joined by one veth pair) to any
 number of hosts, with a bandwidth limit per host link, for benchmarks that need "machines" with
 a known network between them while running on a single box. Python 3.11, standard library only;
 needs root and the ``ip``, ``tc`` (only when a rate is given) and ``unshare`` commands.
@@ -52,13 +52,13 @@ exception), from ``atexit``, and from SIGTERM/SIGINT handlers that clean up and 
 the signal to the previous handler (SIGINT -> KeyboardInterrupt, SIGTERM -> death by SIGTERM).
 If creation fails halfway, what was created is removed before the error (``NetnsError``) is
 raised. Only the process that created an instance cleans it up (a forked child exiting does not
-tear down its parent's hosts). SIGKILL cannot be caught: ``python3 scripts/netns_hosts.py
+tear down its parent's hosts). SIGKILL cannot be caught: ``python3 bench/netns_hosts.py
 cleanup`` removes namespaces left behind by dead processes.
 
 Command line::
 
-    python3 scripts/netns_hosts.py selftest   # shaped/unshaped TCP transfer, mpirun, cleanup
-    python3 scripts/netns_hosts.py cleanup    # remove leftovers of processes that no longer exist
+    python3 bench/netns_hosts.py selftest   # shaped/unshaped TCP transfer, mpirun, cleanup
+    python3 bench/netns_hosts.py cleanup    # remove leftovers of processes that no longer exist
 """
 
 from __future__ import annotations
