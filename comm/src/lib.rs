@@ -38,7 +38,6 @@ pub mod params;
 pub mod precision;
 pub mod signature;
 pub mod thread;
-pub mod throughput;
 pub mod traffic;
 // Always compiled (it has no MPI or NCCL code), so its tests run without the features.
 #[cfg_attr(not(any(feature = "mpi", feature = "nccl")), allow(dead_code))]

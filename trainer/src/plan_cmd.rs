@@ -1,15 +1,12 @@
-//! `localsgd plan` (part of the binary): the cost model of [`localsgd_trainer::plan`] as a
-//! command. From the model size, a measured compute time per iteration (`localsgd bench-step`),
-//! the layout and the links it prints predicted milliseconds and bytes per iteration for each
-//! algorithm and recommends an averaging period for a target communication share, and, with
-//! several ranks on each of several hosts, two hierarchical levels for it.
+//! `localsgd plan` (part of the binary): the cost model of `localsgd_planner` as a command. From
+//! the model size, a measured compute time per iteration (`localsgd bench-step`), the layout and
+//! the links it prints predicted milliseconds and bytes per iteration for each algorithm and
+//! recommends an averaging period for a target communication share, and, with several ranks on
+//! each of several hosts, two hierarchical levels for it. The planner checks the inputs
+//! (`PlanInputs`); this file reads the flags and prints.
 
-use anyhow::{Context, Result, bail};
-use localsgd_averagers::Level;
-use localsgd_planner::{
-    Algorithm, Cluster, Layout, Link, Prediction, Schedule, Workload, predict, recommend_levels,
-    recommend_period, run_seconds,
-};
+use anyhow::{Context, Result};
+use localsgd_planner::{Plan, PlanError, PlanInputs};
 use localsgd_trainer::config::{Compression, Levels};
 use localsgd_trainer::model::MlpConfig;
 use std::path::PathBuf;
@@ -133,199 +130,97 @@ pub(crate) struct PlanFlags {
     json: Option<PathBuf>,
 }
 
-fn non_negative(name: &str, v: f64) -> Result<f64> {
-    if v.is_finite() && v >= 0.0 {
-        Ok(v)
-    } else {
-        bail!("invalid --{name} {v}: must be a number at least 0")
-    }
-}
-
-fn positive(name: &str, v: f64) -> Result<f64> {
-    if v.is_finite() && v > 0.0 {
-        Ok(v)
-    } else {
-        bail!("invalid --{name} {v}: must be a positive number")
-    }
-}
-
-/// A rate flag in GB/s as bytes per second: positive, or `inf` for no limit.
-fn bytes_per_second_or_unlimited(name: &str, gbps: f64) -> Result<f64> {
-    if gbps == f64::INFINITY {
-        Ok(gbps)
-    } else {
-        Ok(positive(name, gbps)? * 1e9)
-    }
-}
-
-fn algorithm(name: &str, flags: &PlanFlags, layout: Layout) -> Result<Algorithm> {
-    Ok(match name {
-        "ddp" => Algorithm::Ddp,
-        "local-sgd" => Algorithm::Periodic {
-            period: flags.period,
-            gradient_warmup: false,
-            overlap: flags.overlap,
-        },
-        "post-local-sgd" => Algorithm::Periodic {
-            period: flags.period,
-            gradient_warmup: true,
-            overlap: flags.overlap,
-        },
-        "hierarchical" => {
-            let levels = if flags.levels.is_empty() {
-                default_levels(layout, flags.period)
-            } else {
-                flags.levels.as_slice().to_vec()
-            };
-            Algorithm::Hierarchical { levels }
+impl PlanFlags {
+    /// Number of f32 parameters: `--params`, or the MLP of `--input`, `--hidden`, `--classes`.
+    fn params(&self) -> Result<u64> {
+        if let Some(params) = self.params {
+            return Ok(params); // 0 is refused by the planner, naming the flag
         }
-        "streaming-diloco" => bail!(
-            "--algorithms streaming-diloco: the cost model does not know the fragments yet \
-             (their sizes follow the model's tensors); plan `diloco` for the traffic of the whole \
-             model every period"
-        ),
-        "diloco" | "slowmo" => Algorithm::Outer {
-            period: flags.period,
-            slowmo: name == "slowmo",
-            compressed: flags.outer_compression != Compression::None,
-        },
-        other => bail!(
-            "invalid --algorithms entry {other:?}: valid: ddp, local-sgd, post-local-sgd, hierarchical, diloco, slowmo"
-        ),
-    })
-}
+        let m = MlpConfig {
+            input: self.input,
+            hidden: self.hidden.0.clone(),
+            classes: self.classes,
+        };
+        m.validate()
+            .map_err(|e| anyhow::anyhow!("invalid --input/--hidden/--classes: {e}"))?;
+        Ok(m.num_params())
+    }
 
-/// The ranks of a host every `period`, the world every `4 * period`; on an even number (more
-/// than 2) of one-rank hosts, pairs of hosts every `period` and the world every `4 * period`;
-/// otherwise the world every `period`. (`scripts/bench-matrix` uses the same rule.)
-pub(crate) fn default_levels(layout: Layout, period: u64) -> Vec<Level> {
-    let w = layout.world();
-    let pairs = if layout.has_host_level() {
-        vec![(period, layout.ranks_per_host), (4 * period, w)]
-    } else if layout.ranks_per_host == 1 && layout.hosts > 2 && w.is_multiple_of(2) {
-        vec![(period, 2), (4 * period, w)]
-    } else {
-        vec![(period, w)]
-    };
-    pairs.into_iter().map(Level::from).collect()
+    /// The planner's inputs of these flags, for a model of `params` parameters.
+    fn inputs(&self, params: u64) -> PlanInputs {
+        PlanInputs {
+            params,
+            compute_ms: self.compute_ms,
+            overhead_ms: self.overhead_ms,
+            copy_gbps: self.copy_gbps,
+            burst_bytes: self.burst_bytes,
+            burst_gbps: self.burst_gbps,
+            hosts: self.hosts,
+            ranks_per_host: self.ranks_per_host,
+            link_gbit: self.link_gbit,
+            latency_us: self.latency_us,
+            piece_kib: self.piece_kib,
+            piece_latency_us: self.piece_latency_us,
+            mtu: self.mtu,
+            intra_gbps: self.intra_gbps,
+            intra_latency_us: self.intra_latency_us,
+            algorithms: self.algorithms.clone(),
+            period: self.period,
+            overlap: self.overlap,
+            levels: self.levels.as_slice().to_vec(),
+            warmup: self.warmup,
+            log_every: self.log_every,
+            compressed: self.compression != Compression::None,
+            outer_compressed: self.outer_compression != Compression::None,
+            pipelined: self.pipeline_buckets,
+            target_comm_share: self.target_comm_share,
+            steps: self.steps,
+        }
+    }
 }
-
-/// The most iterations `--steps` lists (about 40 bytes of JSON each).
-const MAX_LISTED_STEPS: u64 = 1_000_000;
 
 pub(crate) fn run(flags: &PlanFlags) -> Result<()> {
-    if flags.hosts == 0 || flags.ranks_per_host == 0 {
-        bail!(
-            "invalid layout --hosts {} --ranks-per-host {}: both must be at least 1",
-            flags.hosts,
-            flags.ranks_per_host
-        );
-    }
-    if !(flags.compute_ms.is_finite() && flags.compute_ms >= 0.0) {
-        bail!(
-            "invalid --compute-ms {}: a non-negative number of milliseconds (measure it with `localsgd bench-step`)",
-            flags.compute_ms
-        );
-    }
-    if let Some(steps) = flags.steps
-        && steps > MAX_LISTED_STEPS
-    {
-        bail!(
-            "invalid --steps {steps}: at most {MAX_LISTED_STEPS} (the JSON lists every iteration's bytes)"
-        );
-    }
-    let params = match flags.params {
-        Some(0) => bail!("invalid --params 0: at least 1 parameter"),
-        Some(p) => p,
-        None => {
-            let m = MlpConfig {
-                input: flags.input,
-                hidden: flags.hidden.0.clone(),
-                classes: flags.classes,
+    let params = match flags.params() {
+        Ok(params) => params,
+        Err(mlp) => {
+            // The layout, the compute time and the listed steps are checked before the model's
+            // size: a bad one of those is named first.
+            return match flags.inputs(1).plan() {
+                Err(
+                    e @ (PlanError::Layout { .. }
+                    | PlanError::Input {
+                        flag: "compute-ms" | "steps",
+                        ..
+                    }),
+                ) => Err(e.into()),
+                _ => Err(mlp),
             };
-            m.validate()
-                .map_err(|e| anyhow::anyhow!("invalid --input/--hidden/--classes: {e}"))?;
-            m.num_params()
         }
     };
-    let layout = Layout {
-        hosts: flags.hosts,
-        ranks_per_host: flags.ranks_per_host,
-    };
-    let cluster = Cluster {
-        layout,
-        link: Link {
-            bits_per_second: positive("link-gbit", flags.link_gbit)? * 1e9,
-            latency_s: flags.latency_us.max(0.0) * 1e-6,
-            mtu: flags.mtu,
-            burst_bytes: flags.burst_bytes,
-            burst_bytes_per_second: bytes_per_second_or_unlimited("burst-gbps", flags.burst_gbps)?,
-        },
-        intra_bytes_per_second: positive("intra-gbps", flags.intra_gbps)? * 1e9,
-        intra_latency_s: flags.intra_latency_us.max(0.0) * 1e-6,
-        piece_bytes: non_negative("piece-kib", flags.piece_kib)? * 1024.0,
-        piece_latency_s: match flags.piece_latency_us {
-            Some(us) => non_negative("piece-latency-us", us)? * 1e-6,
-            None => flags.latency_us.max(0.0) * 1e-6,
-        },
-    };
-    let work = Workload {
-        params,
-        compute_s: flags.compute_ms * 1e-3,
-        overhead_s: flags.overhead_ms * 1e-3,
-        // Infinite (the default) means the pipeline's own copies are free.
-        copy_bytes_per_second: bytes_per_second_or_unlimited("copy-gbps", flags.copy_gbps)?,
-        warmup: flags.warmup,
-        log_every: flags.log_every,
-        compressed: flags.compression != Compression::None,
-        pipelined: flags.pipeline_buckets,
-    };
-    if flags.algorithms.is_empty() {
-        bail!(
-            "invalid --algorithms \"\": name at least one of ddp, local-sgd, post-local-sgd, hierarchical, diloco, slowmo"
-        );
-    }
-    let mut rows: Vec<(Algorithm, Prediction)> = Vec::new();
-    for name in &flags.algorithms {
-        let a = algorithm(name.trim(), flags, layout)?;
-        let p = predict(&a, &work, &cluster)?;
-        rows.push((a, p));
-    }
-    let recommended = recommend_period(&work, &cluster, flags.target_comm_share, 4096)?;
-    let recommended_levels = recommend_levels(&work, &cluster, flags.target_comm_share, 4096)?
+    let plan = flags.inputs(params).plan()?;
+    let recommended_levels = plan
+        .recommended_levels
+        .clone()
         .map(|levels| Levels::from(levels).to_string());
-
     println!(
-        "plan: {params} parameters ({:.2} MB f32), compute {:.3} ms/iteration, {} host(s) x {} rank(s), link {} Gbit/s (goodput {:.1} MB/s), small collective {} µs",
-        4.0 * params as f64 / 1e6,
+        "plan: {} parameters ({:.2} MB f32), compute {:.3} ms/iteration, {} host(s) x {} rank(s), link {} Gbit/s (goodput {:.1} MB/s), small collective {} µs",
+        plan.params,
+        4.0 * plan.params as f64 / 1e6,
         flags.compute_ms,
         flags.hosts,
         flags.ranks_per_host,
         flags.link_gbit,
-        cluster.link.goodput() / 1e6,
+        plan.cluster.link.goodput() / 1e6,
         flags.latency_us
     );
     println!(
         "{:<28} {:>11} {:>9} {:>11} {:>13} {:>13} {:>12}",
         "algorithm", "ms/iter", "comm %", "bound ms", "payload B/it", "link B/it", "warmup ms"
     );
-    for (a, p) in &rows {
-        let name = match a {
-            Algorithm::Periodic {
-                period, overlap: 0, ..
-            } => format!("{} period {period}", a.name()),
-            Algorithm::Periodic {
-                period, overlap, ..
-            } => format!("{} period {period} overlap {overlap}", a.name()),
-            Algorithm::Hierarchical { levels } => {
-                format!("hierarchical {}", Levels::from(levels.clone()))
-            }
-            Algorithm::Outer { period, .. } => format!("{} period {period}", a.name()),
-            Algorithm::Ddp => "ddp".to_string(),
-        };
+    for (a, p) in &plan.predictions {
         println!(
             "{:<28} {:>11.3} {:>8.1}% {:>11.3} {:>13.0} {:>13.0} {:>12.3}",
-            name,
+            a.label(),
             p.steady_s * 1e3,
             100.0 * p.comm_share,
             p.lower_bound_s * 1e3,
@@ -334,7 +229,7 @@ pub(crate) fn run(flags: &PlanFlags) -> Result<()> {
             p.warmup_s * 1e3
         );
     }
-    match recommended {
+    match plan.recommended_period {
         Some(period) => println!(
             "recommended: post-local SGD period {period} keeps communication at or below {:.0}% of a steady iteration",
             100.0 * flags.target_comm_share
@@ -344,7 +239,7 @@ pub(crate) fn run(flags: &PlanFlags) -> Result<()> {
             100.0 * flags.target_comm_share
         ),
     }
-    if layout.has_host_level() {
+    if plan.cluster.layout.has_host_level() {
         match &recommended_levels {
             Some(levels) => println!(
                 "recommended: hierarchical --levels {levels} (a host's ranks, then the world) keeps communication at or below {:.0}%",
@@ -358,31 +253,11 @@ pub(crate) fn run(flags: &PlanFlags) -> Result<()> {
     }
     if let Some(path) = &flags.json {
         let out = serde_json::json!({
-            "params": params,
-            "cluster": cluster,
-            "workload": work,
-            "predictions": rows
-                .iter()
-                .map(|(a, p)| -> Result<serde_json::Value> {
-                    let mut v = serde_json::json!({"spec": a, "prediction": p});
-                    if let Some(steps) = flags.steps {
-                        let schedule = Schedule::new(a, layout.world(), &work)?;
-                        let payload: Vec<(u64, u64)> = (0..steps).map(|i| schedule.payload(i)).collect();
-                        let warm = steps.min(work.warmup) as f64;
-                        v["steps"] = serde_json::json!(steps);
-                        v["payload_per_iteration"] = serde_json::json!(payload);
-                        v["run_link_bytes_per_iteration"] = serde_json::json!(
-                            (warm * p.warmup_link_bytes + (steps as f64 - warm) * p.link_bytes)
-                                / steps.max(1) as f64
-                        );
-                        let seconds = run_seconds(a, &work, &cluster, steps)?;
-                        v["run_seconds"] = serde_json::json!(seconds.iter().sum::<f64>());
-                        v["iteration_seconds"] = serde_json::json!(seconds);
-                    }
-                    Ok(v)
-                })
-                .collect::<Result<Vec<_>>>()?,
-            "recommended_period": recommended,
+            "params": plan.params,
+            "cluster": plan.cluster,
+            "workload": plan.workload,
+            "predictions": predictions_json(&plan, flags.steps)?,
+            "recommended_period": plan.recommended_period,
             "recommended_levels": recommended_levels,
             "target_comm_share": flags.target_comm_share,
         });
@@ -390,4 +265,43 @@ pub(crate) fn run(flags: &PlanFlags) -> Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
+}
+
+/// Each prediction with its algorithm's settings and, with `--steps`, the run listed iteration
+/// by iteration.
+fn predictions_json(plan: &Plan, steps: Option<u64>) -> Result<Vec<serde_json::Value>> {
+    plan.predictions
+        .iter()
+        .map(|(a, p)| {
+            let mut v = serde_json::json!({"spec": a, "prediction": p});
+            if let Some(steps) = steps {
+                let run = plan.run(a, p, steps)?;
+                v["steps"] = serde_json::json!(steps);
+                v["payload_per_iteration"] = serde_json::json!(run.payload_per_iteration);
+                v["run_link_bytes_per_iteration"] = serde_json::json!(run.link_bytes_per_iteration);
+                v["run_seconds"] = serde_json::json!(run.seconds());
+                v["iteration_seconds"] = serde_json::json!(run.iteration_seconds);
+            }
+            Ok(v)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        flags: PlanFlags,
+    }
+
+    /// The planner's `PlanInputs::default()` says it has the flags' defaults.
+    #[test]
+    fn the_planners_defaults_are_the_flags_defaults() {
+        let cli = Cli::try_parse_from(["plan", "--compute-ms", "0"]).unwrap();
+        assert_eq!(cli.flags.inputs(1), PlanInputs::default());
+    }
 }

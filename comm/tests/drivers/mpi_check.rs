@@ -14,8 +14,8 @@
 //!   others' watchdog must abort the job after SECS seconds.
 //! - `abort-rank R`: rank R calls `MpiWorld::abort(3)` while the others wait in an all-reduce
 //!   (the job must end at once with exit code 3).
-//! - `bench [--signature-check]`: all-reduce time of 1 f32 (latency) and throughput at 1M and
-//!   16M f32; rank 0 prints `BENCH ...` lines.
+//!
+//! The MPI all-reduce throughput benchmark's driver is `localsgd-planner`'s `mpi_bench`.
 
 #[path = "check_report.rs"]
 mod check_report;
@@ -23,7 +23,6 @@ mod check_report;
 use check_report::Checker;
 use half::{bf16, f16};
 use localsgd_comm::mpi::{DEFAULT_TCP_LINKS, MpiConfig, MpiWorld, TCP_LINKS_VAR};
-use localsgd_comm::throughput::{allreduce_gbps, default_iters};
 use localsgd_comm::{AsyncGroup, CommError, Group, GroupExt, ReduceOp};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -51,9 +50,8 @@ fn main() -> ExitCode {
             value("--timeout").unwrap_or(3),
         ),
         "abort-rank" => abort_rank(args.get(1).and_then(|v| v.parse().ok()).unwrap_or(1)),
-        "bench" => bench(flag("--signature-check")),
         other => Err(format!(
-            "unknown mode {other:?}; valid: check, kill-rank, hang-rank, abort-rank, bench"
+            "unknown mode {other:?}; valid: check, kill-rank, hang-rank, abort-rank"
         )),
     };
     match result {
@@ -698,21 +696,4 @@ fn abort_rank(victim: usize) -> Result<(), String> {
     g.all_reduce_slice(&mut v, ReduceOp::Sum)
         .map_err(|e| e.to_string())?;
     Err("the all-reduce completed without the aborting rank".into())
-}
-
-fn bench(signature_check: bool) -> Result<(), String> {
-    let (_world, g) = init(MpiConfig::default().with_signature_check(signature_check))?;
-    for len in [1usize, 1 << 20, 16 << 20] {
-        let iters = default_iters(len);
-        let gbps = allreduce_gbps(g.as_ref(), len, iters, 5).map_err(|e| e.to_string())?;
-        if g.rank() == 0 {
-            println!(
-                "BENCH mpi ranks={} signature_check={signature_check} floats={len} \
-                 time_per_allreduce_us={:.1} throughput_gbps={gbps:.2}",
-                g.size(),
-                (len * 4) as f64 / (gbps * 1e9) * 1e6,
-            );
-        }
-    }
-    Ok(())
 }

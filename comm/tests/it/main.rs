@@ -10,4 +10,3 @@ mod nonblocking;
 mod params_roundtrip;
 mod signature_fuzz;
 mod subgroups;
-mod throughput;

@@ -1,17 +1,17 @@
 //! All-reduce throughput: MPI (2 ranks under `mpirun`, shared memory) against the thread
 //! backend (2 workers in one process), at 1M and 16M f32.
 //!
-//! Run with `cargo bench -p localsgd-comm --features mpi --bench mpi_allreduce` (needs OpenMPI's
-//! `mpirun`). Throughput is buffer bytes / time per all-reduce, best of 5 repetitions, slowest
-//! rank. MPI initialises once per process, so the MPI side runs the `mpi_check bench` driver.
+//! Run with `cargo bench -p localsgd-planner --features mpi --bench mpi_allreduce` (needs Open
+//! MPI's `mpirun`). Throughput is buffer bytes / time per all-reduce, best of 5 repetitions,
+//! slowest rank. MPI initialises once per process, so the MPI side runs the `mpi_bench` driver.
 
 use localsgd_comm::ThreadWorld;
-use localsgd_comm::throughput::{allreduce_gbps, default_iters};
+use localsgd_planner::measure::throughput::{allreduce_gbps, default_iters};
 use std::process::Command;
 
 const SIZES: [usize; 2] = [1 << 20, 16 << 20];
 
-/// Thread backend, 2 workers: GB/s by the same definition as `mpi_check bench`.
+/// Thread backend, 2 workers: GB/s by the same definition as `mpi_bench`.
 fn thread_gbps(len: usize) -> f64 {
     ThreadWorld::new(2)
         .expect("2 workers")
@@ -22,7 +22,7 @@ fn thread_gbps(len: usize) -> f64 {
 fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         println!(
-            "mpi_allreduce: benchmark only; run `cargo bench -p localsgd-comm --features mpi --bench mpi_allreduce`"
+            "mpi_allreduce: benchmark only; run `cargo bench -p localsgd-planner --features mpi --bench mpi_allreduce`"
         );
         return;
     }
@@ -33,15 +33,14 @@ fn main() {
             "--oversubscribe",
             "-np",
             "2",
-            env!("CARGO_BIN_EXE_mpi_check"),
-            "bench",
+            env!("CARGO_BIN_EXE_mpi_bench"),
         ])
         .output()
         .expect("run mpirun (is OpenMPI installed?)");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
-        "mpi_check bench failed: {text}{}",
+        "mpi_bench failed: {text}{}",
         String::from_utf8_lossy(&out.stderr)
     );
     println!(

@@ -1,8 +1,8 @@
-//! The measurement definitions of `localsgd_comm::throughput` that benchmarks and the cost
-//! model's inputs rest on.
+//! The measurement definitions of `localsgd_planner::measure::throughput` that benchmarks and
+//! the cost model's inputs rest on.
 
 use localsgd_comm::ThreadWorld;
-use localsgd_comm::throughput::allreduce_time_between;
+use localsgd_planner::measure::throughput::allreduce_time_between;
 use std::time::Duration;
 
 #[test]

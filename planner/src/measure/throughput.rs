@@ -1,6 +1,6 @@
-//! Throughput measurements shared by the criterion benches, the `mpi_check bench` driver and
-//! `localsgd bench-comm`: one definition of "all-reduce throughput" and of the memcpy bandwidth
-//! it is compared against.
+//! Throughput: one definition of "all-reduce throughput" and of the memcpy bandwidth it is
+//! compared against, shared by the criterion benches, the `mpi_bench` driver, [`CommBench`]
+//! (`localsgd bench-comm`) and [`measure_step`]'s spinning (`localsgd bench-step`).
 //!
 //! - memcpy bandwidth: bytes copied / time, one thread, `len` `f32` values, pages faulted in
 //!   before timing.
@@ -11,9 +11,12 @@
 //!   a small collective after compute costs more than back to back, and the gapped figure is
 //!   the one a training iteration's collectives see.
 //!
+//! [`CommBench`]: super::CommBench
+//! [`measure_step`]: super::measure_step
+//!
 //! ```
 //! use localsgd_comm::ThreadWorld;
-//! use localsgd_comm::throughput::{allreduce_gbps, memcpy_gbps};
+//! use localsgd_planner::measure::throughput::{allreduce_gbps, memcpy_gbps};
 //!
 //! let memcpy = memcpy_gbps(1 << 16, 20, 3);
 //! let allreduce = ThreadWorld::new(2)?.run(|g| allreduce_gbps(g.as_ref(), 1 << 16, 20, 3))?;
@@ -22,9 +25,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use crate::error::CommError;
-use crate::group::{GroupExt, ProcessGroup};
-use crate::signature::ReduceOp;
+use localsgd_comm::{CommError, GroupExt, ProcessGroup, ReduceOp};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 

@@ -2,11 +2,14 @@
 //! bandwidth, measured in the same run.
 //!
 //! Target (issue 2): at 16M floats and 2 workers, all-reduce throughput (buffer bytes / time) at
-//! least half the memcpy bandwidth (bytes copied / time). Run with `cargo bench -p localsgd-comm`.
+//! least half the memcpy bandwidth (bytes copied / time). Run with
+//! `cargo bench -p localsgd-planner --bench allreduce`.
 
 use criterion::{Criterion, Throughput};
 use localsgd_comm::ThreadWorld;
-use localsgd_comm::throughput::{allreduce_time as group_allreduce_time, gbps, memcpy_time};
+use localsgd_planner::measure::throughput::{
+    allreduce_time as group_allreduce_time, gbps, memcpy_time,
+};
 use std::time::Duration;
 
 const N: usize = 16 << 20;

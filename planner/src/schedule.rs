@@ -1,0 +1,338 @@
+//! Which collectives rank 0 issues in each iteration, following the pipeline's phases.
+
+use crate::algorithm::Algorithm;
+use crate::error::{PlanError, invalid};
+use crate::workload::Workload;
+use localsgd_averagers::validate_levels;
+use localsgd_pipeline::settings::Levels;
+
+/// One collective of an iteration: group size, payload bytes, and whether it is float data.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Collective {
+    /// Ranks in each block that runs it.
+    pub group: usize,
+    /// Payload bytes each rank contributes.
+    pub bytes: u64,
+    /// Float data (gradients, parameters, losses) rather than control words.
+    pub data: bool,
+    /// Run behind the next iterations' compute (an overlapped average), not in sequence.
+    pub overlapped: bool,
+}
+
+/// Which collectives every iteration issues.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Schedule {
+    algorithm: Algorithm,
+    world: usize,
+    params: u64,
+    warmup: u64,
+    log_every: u64,
+    compressed: bool,
+    pipelined: bool,
+}
+
+impl Schedule {
+    /// The schedule of `algorithm` on `world` ranks. Checks the settings.
+    pub fn new(algorithm: &Algorithm, world: usize, work: &Workload) -> Result<Self, PlanError> {
+        if world == 0 {
+            return Err(invalid("ranks", 0, "at least 1 rank"));
+        }
+        match algorithm {
+            Algorithm::Ddp => {}
+            Algorithm::Outer { period, .. } => {
+                if *period == 0 {
+                    return Err(invalid("period", 0, "a period of at least 1"));
+                }
+            }
+            Algorithm::Periodic {
+                period, overlap, ..
+            } => {
+                if *period == 0 {
+                    return Err(invalid("period", 0, "a period of at least 1"));
+                }
+                if *overlap > *period {
+                    return Err(invalid(
+                        "overlap",
+                        overlap,
+                        &format!("0 (blocking) to the period {period}"),
+                    ));
+                }
+            }
+            Algorithm::Hierarchical { levels } => {
+                let text = format!("{:?}", Levels::from(levels.clone()).to_string());
+                validate_levels(levels, world)
+                    .map_err(|e| invalid("levels", &text, &format!("{e} ({world} ranks)")))?;
+                // The averager takes any increasing periods; the model's schedule repeats
+                // every last period only when each period divides the next.
+                if levels
+                    .windows(2)
+                    .any(|w| !w[1].period.is_multiple_of(w[0].period))
+                {
+                    return Err(invalid(
+                        "levels",
+                        &text,
+                        "each period a multiple of the previous (the cost model's schedule \
+                         repeats every last period)",
+                    ));
+                }
+            }
+        }
+        Ok(Self {
+            algorithm: algorithm.clone(),
+            world,
+            params: work.params,
+            warmup: work.warmup,
+            log_every: work.log_every,
+            compressed: work.compressed,
+            pipelined: work.pipelined,
+        })
+    }
+
+    /// The collectives rank 0 issues in iteration `i` (0-based), in order.
+    pub fn iteration(&self, i: u64) -> Vec<Collective> {
+        let w = self.world;
+        let grad_bytes = self
+            .params
+            .saturating_mul(if self.compressed { 2 } else { 4 });
+        let mut out = vec![Collective {
+            group: w,
+            bytes: 8,
+            data: false,
+            overlapped: false,
+        }];
+        let gradients = |out: &mut Vec<Collective>| {
+            // Gradients are first averaged in iteration 0 whenever they are averaged at all.
+            if self.pipelined && !self.compressed && w > 1 && i == 0 {
+                out.push(Collective {
+                    group: w,
+                    bytes: 8,
+                    data: false,
+                    overlapped: false,
+                });
+            }
+            // A plain mean over one rank is the identity: the reducer hands the gradients on
+            // untouched (compressed gradients still run the hook, bucket by bucket).
+            if w <= 1 && !self.compressed {
+                return;
+            }
+            out.push(Collective {
+                group: w,
+                bytes: grad_bytes,
+                data: true,
+                overlapped: false,
+            })
+        };
+        // `width`: bytes a parameter takes on the wire (4; 2 for compressed pseudo-gradients).
+        let average = |out: &mut Vec<Collective>, group: usize, overlapped: bool, width: u64| {
+            // Averaging over one rank is the identity and communicates nothing.
+            if group <= 1 {
+                return;
+            }
+            out.push(Collective {
+                group,
+                bytes: 32,
+                data: false,
+                overlapped: false,
+            });
+            out.push(Collective {
+                group,
+                bytes: self.params.saturating_mul(width),
+                data: true,
+                overlapped,
+            });
+        };
+        match &self.algorithm {
+            Algorithm::Ddp => gradients(&mut out),
+            Algorithm::Periodic {
+                period,
+                gradient_warmup,
+                overlap,
+            } => {
+                if i < self.warmup {
+                    if *gradient_warmup {
+                        gradients(&mut out);
+                    }
+                } else if (i - self.warmup).is_multiple_of(*period) {
+                    if *overlap > 0 && i == self.warmup && w > 1 {
+                        // The first overlapped average creates the helper's communicator.
+                        out.push(Collective {
+                            group: w,
+                            bytes: 8,
+                            data: false,
+                            overlapped: false,
+                        });
+                    }
+                    average(&mut out, w, *overlap > 0, 4);
+                }
+            }
+            Algorithm::Outer {
+                period, compressed, ..
+            } => {
+                if i < self.warmup {
+                    gradients(&mut out);
+                } else if (i - self.warmup + 1).is_multiple_of(*period) {
+                    average(&mut out, w, false, if *compressed { 2 } else { 4 });
+                }
+            }
+            Algorithm::Hierarchical { levels } => {
+                if i < self.warmup {
+                    gradients(&mut out);
+                } else if let Some(level) = levels.iter().rev().find(|l| i.is_multiple_of(l.period))
+                {
+                    average(&mut out, level.group_size, false, 4);
+                }
+            }
+        }
+        if self.log_every > 0 && (i + 1).is_multiple_of(self.log_every) {
+            out.push(Collective {
+                group: w,
+                bytes: 8,
+                data: true,
+                overlapped: false,
+            });
+        }
+        out
+    }
+
+    /// Rank 0's payload bytes in iteration `i`: `(all, float data)`, as `metrics.csv` counts
+    /// them (`bytes`, `data_bytes`).
+    pub fn payload(&self, i: u64) -> (u64, u64) {
+        self.iteration(i).iter().fold((0, 0), |(a, d), c| {
+            (a + c.bytes, d + if c.data { c.bytes } else { 0 })
+        })
+    }
+
+    /// Iterations after which the post-warmup schedule repeats.
+    pub fn cycle(&self) -> u64 {
+        let mut c = match &self.algorithm {
+            Algorithm::Ddp => 1,
+            Algorithm::Periodic { period, .. } | Algorithm::Outer { period, .. } => *period,
+            Algorithm::Hierarchical { levels } => levels.last().map_or(1, |l| l.period),
+        };
+        if self.log_every > 0 {
+            c = lcm(c, self.log_every);
+        }
+        c
+    }
+}
+
+fn lcm(a: u64, b: u64) -> u64 {
+    fn gcd(a: u64, b: u64) -> u64 {
+        if b == 0 { a } else { gcd(b, a % b) }
+    }
+    (a / gcd(a, b).max(1)).saturating_mul(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::predict::predict;
+    use crate::test_util::{close, two_hosts, work};
+    use localsgd_averagers::Level;
+
+    #[test]
+    fn pipelined_gradient_sync_creates_its_communicator_in_iteration_zero() {
+        let pipelined = |compressed| Workload {
+            pipelined: true,
+            compressed,
+            ..work(1000, 1e-3)
+        };
+        let s = Schedule::new(&Algorithm::Ddp, 2, &pipelined(false)).unwrap();
+        assert_eq!(s.payload(0), (8 + 8 + 4000, 4000));
+        assert_eq!(s.payload(1), (8 + 4000, 4000));
+        // One rank needs no helper, and its mean is the identity: no gradient collective.
+        let one = Schedule::new(&Algorithm::Ddp, 1, &pipelined(false)).unwrap();
+        assert_eq!(one.payload(0), (8, 0));
+        // Compressed gradients run the hook, bucket by bucket, even on one rank.
+        let one_half = Schedule::new(&Algorithm::Ddp, 1, &pipelined(true)).unwrap();
+        assert_eq!(one_half.payload(0), (8 + 2000, 2000));
+        let half = Schedule::new(&Algorithm::Ddp, 2, &pipelined(true)).unwrap();
+        assert_eq!(half.payload(0), (8 + 2000, 2000));
+    }
+
+    #[test]
+    fn periodic_averages_once_a_period() {
+        let a = Algorithm::Periodic {
+            period: 4,
+            gradient_warmup: true,
+            overlap: 0,
+        };
+        let w = Workload {
+            warmup: 3,
+            ..work(1000, 1e-3)
+        };
+        let s = Schedule::new(&a, 2, &w).unwrap();
+        // Warmup: has-data flag + gradients; then an average at 3, 7, 11, ...
+        assert_eq!(s.payload(0), (8 + 4000, 4000));
+        assert_eq!(s.payload(2), (8 + 4000, 4000));
+        assert_eq!(s.payload(3), (8 + 32 + 4000, 4000));
+        assert_eq!(s.payload(4), (8, 0));
+        assert_eq!(s.payload(7), (8 + 32 + 4000, 4000));
+        let p = predict(&a, &w, &two_hosts(1)).unwrap();
+        close(p.payload_bytes, (4.0 * 8.0 + 32.0 + 4000.0) / 4.0);
+        close(p.payload_data_bytes, 1000.0);
+        // Local SGD: no gradients in the warmup.
+        let l = Schedule::new(
+            &Algorithm::Periodic {
+                period: 4,
+                gradient_warmup: false,
+                overlap: 0,
+            },
+            2,
+            &w,
+        )
+        .unwrap();
+        assert_eq!(l.payload(0), (8, 0));
+    }
+
+    #[test]
+    fn hierarchical_uses_the_largest_period_dividing_the_step() {
+        // 2 hosts x 2 ranks, pairs (inside a host) every 4, the world every 16.
+        let a = Algorithm::Hierarchical {
+            levels: [(4, 2), (16, 4)].into_iter().map(Level::from).collect(),
+        };
+        let w = work(1000, 1e-3);
+        let s = Schedule::new(&a, 4, &w).unwrap();
+        assert_eq!(s.iteration(0)[2].group, 4);
+        assert_eq!(s.iteration(4)[2].group, 2);
+        assert_eq!(s.iteration(16)[2].group, 4);
+        assert_eq!(s.iteration(5).len(), 1);
+        let c = two_hosts(2);
+        let p = predict(&a, &w, &c).unwrap();
+        // Only the world average (1 in 16 steps) crosses the links, 2 * 1/2 * 4000 bytes on
+        // each: 2 hosts, whatever their ranks (veth counters in the benchmark matrix, 2 hosts x
+        // 2 ranks: 1.02-1.07 times the buffer per host link; a flat 4-rank ring: 1.5 times).
+        close(p.link_bytes, 4000.0 / 16.0);
+        let intra = 3.0 * (5e-6 + 5e-6 + 4000.0 / 5e9) / 16.0;
+        let world = (50e-6 + 50e-6 + 4000.0 / c.link.goodput()) / 16.0;
+        close(p.comm_s, 50e-6 + intra + world);
+    }
+
+    #[test]
+    fn a_level_of_one_rank_sends_nothing() {
+        // Levels 2:1, 4:2 on 2 ranks: steps 2, 6, ... average alone (the identity, nothing sent),
+        // steps 0, 4, 8, ... over both ranks (4-word check + 4P bytes).
+        let a = Algorithm::Hierarchical {
+            levels: [(2, 1), (4, 2)].into_iter().map(Level::from).collect(),
+        };
+        let s = Schedule::new(&a, 2, &work(1000, 1e-3)).unwrap();
+        assert_eq!(s.payload(2), (8, 0));
+        assert_eq!(s.payload(6), (8, 0));
+        assert_eq!(s.payload(4), (8 + 32 + 4000, 4000));
+    }
+
+    #[test]
+    fn bad_settings_name_the_setting() {
+        let e = Schedule::new(
+            &Algorithm::Hierarchical {
+                levels: [(2, 2), (4, 3)].into_iter().map(Level::from).collect(),
+            },
+            4,
+            &work(10, 0.0),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("`levels`"), "{e}");
+        let e = predict(&Algorithm::Ddp, &work(10, f64::NAN), &two_hosts(1)).unwrap_err();
+        assert!(e.to_string().contains("compute-ms"), "{e}");
+    }
+}

@@ -1,0 +1,5 @@
+//! The planner's integration tests, one binary (a module per file).
+
+mod measure_comm;
+mod measure_step;
+mod throughput;
