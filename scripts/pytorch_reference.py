@@ -15,8 +15,11 @@ every iteration for each case below. Writes
   trainer/tests/data/pytorch_reference.json                  per case: the matching `localsgd
                                                              train` flags and PyTorch's losses
 
+The GPT cases (`--model gpt`, scripts/gpt_twin.py's twin) train on windows of the shipped text
+data/text/localsgd-docs.txt, from `pytorch_reference_gpt_init.safetensors`.
+
 Needs `pip install torch numpy`; the tests only read the committed output. Rerun after changing a
-case: python3 scripts/pytorch_reference.py
+case: python3 scripts/pytorch_reference.py [CASE...] (named cases only: the others are kept)
 """
 
 import contextlib
@@ -32,6 +35,8 @@ import torch.nn as nn
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
 import bench_pytorch  # noqa: E402  (bench/bench_pytorch.py: its data loader, MLP and safetensors writer)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpt_twin  # noqa: E402  (scripts/gpt_twin.py: the GPT twin of `--model gpt`)
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 OUT_DIR = os.path.join(ROOT, "trainer", "tests", "data")
@@ -40,6 +45,12 @@ CNN_INIT = os.path.join(OUT_DIR, "pytorch_reference_cnn_init.safetensors")
 CNN_CHANNELS = [8, 16]
 WORLD, BATCH, STEPS = 2, 32, 40
 WIDTHS = [64, 64, 10]
+GPT_INIT = os.path.join(OUT_DIR, "pytorch_reference_gpt_init.safetensors")
+GPT_CONFIG = dict(vocab=256, context=16, d_model=32, heads=4, layers=2)
+GPT_STEPS = 20
+TEXT_FILE = os.path.join(ROOT, "data", "text", "localsgd-docs.txt")
+GPT_FLAGS = ["--model", "gpt", "--dataset", "text", "--text-file", "data/text/localsgd-docs.txt",
+             "--context", "16", "--d-model", "32", "--heads", "4", "--layers", "2"]
 
 # name: (settings for both sides, `localsgd train` flags)
 CASES = {
@@ -132,10 +143,39 @@ CASES = {
          "--optimizer", "sgd", "--lr", "0.2", "--momentum", "0.9", "--lr-schedule", "step",
          "--lr-step-size", "8", "--lr-gamma", "0.5"],
     ),
+    # The byte-level GPT (scripts/gpt_twin.py's twin of `--model gpt`) under DDP with AdamW, on
+    # windows of 17 bytes of the shipped text: 20 steps, as the language-model issue asks.
+    "gpt-ddp-adamw": (
+        dict(model="gpt", algorithm="ddp", optimizer="adamw", lr=1e-3, momentum=0.0,
+             weight_decay=0.01, clip=None, schedule=None, steps=GPT_STEPS),
+        GPT_FLAGS + ["--algorithm", "ddp", "--optimizer", "adamw", "--lr", "0.001",
+                     "--weight-decay", "0.01"],
+    ),
+    # The GPT through DiLoCo's switch: 6 warmup steps of gradient all-reduce, then an outer
+    # Nesterov step (lr 0.7, momentum 0.9) after every 4 local AdamW steps.
+    "gpt-diloco-adamw": (
+        dict(model="gpt", algorithm="diloco", optimizer="adamw", lr=1e-3, momentum=0.0,
+             weight_decay=0.01, clip=None, schedule=None, warmup=6, period=4, outer_lr=0.7,
+             outer_momentum=0.9, outer_nesterov=True, steps=GPT_STEPS),
+        GPT_FLAGS + ["--algorithm", "diloco", "--warmup", "6", "--period", "4", "--optimizer",
+                     "adamw", "--lr", "0.001", "--weight-decay", "0.01"],
+    ),
 }
 
 
+def text_windows():
+    """The training windows of `--dataset text`: the first 90% of the file's bytes, windows of
+    context + 1 bytes at stride context (trainer/src/data/text.rs)."""
+    data = open(TEXT_FILE, "rb").read()
+    train = data[:int(len(data) * 0.9)]
+    c = GPT_CONFIG["context"]
+    n = (len(train) - 1) // c
+    return torch.tensor([list(train[i * c:i * c + c + 1]) for i in range(n)], dtype=torch.int64)
+
+
 def new_model(case):
+    if case.get("model") == "gpt":
+        return gpt_twin.GPT(**GPT_CONFIG)
     if case.get("model") == "cnn":
         return bench_pytorch.Cnn(8, CNN_CHANNELS, 10)
     return bench_pytorch.Mlp(WIDTHS)
@@ -156,10 +196,15 @@ def rank_main(rank, port, name, case, queue):
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.data.distributed import DistributedSampler
 
-    x, y, _, _ = bench_pytorch.load_digits(bench_pytorch.DEFAULT_DATA)
+    gpt = case.get("model") == "gpt"
+    if gpt:
+        x = text_windows()
+        y = x
+    else:
+        x, y, _, _ = bench_pytorch.load_digits(bench_pytorch.DEFAULT_DATA)
     model = new_model(case)
     cnn = case.get("model") == "cnn"
-    state = bench_pytorch.read_safetensors(CNN_INIT if cnn else INIT)
+    state = bench_pytorch.read_safetensors(GPT_INIT if gpt else CNN_INIT if cnn else INIT)
     if rank != 0:
         # Another rank's own initialisation: DDP's construction-time broadcast replaces it.
         torch.manual_seed(1234)
@@ -203,7 +248,16 @@ def rank_main(rank, port, name, case, queue):
 
     sampler = DistributedSampler(_Len(), num_replicas=WORLD, rank=rank, shuffle=False,
                                  drop_last=False)
-    loss_fn = nn.CrossEntropyLoss()
+    ce = nn.CrossEntropyLoss()
+
+    def loss_fn(out, target):
+        if gpt:
+            # out: logits of the windows' first `context` bytes; target: the windows.
+            return ce(out.reshape(-1, out.size(-1)), target[:, 1:].reshape(-1))
+        return ce(out, target)
+
+    def forward(rows):
+        return ddp(rows[:, :-1]) if gpt else ddp(rows)
     k = case.get("accumulate", 1)
 
     def epoch_batches(epoch):
@@ -228,7 +282,7 @@ def rank_main(rank, port, name, case, queue):
 
     losses = []
     for micro_batches in steps():
-        if len(losses) >= STEPS:
+        if len(losses) >= case.get("steps", STEPS):
             break
         opt.zero_grad(set_to_none=True)
         total = 0.0
@@ -240,7 +294,7 @@ def rank_main(rank, port, name, case, queue):
             last = j + 1 == len(micro_batches)
             sync = contextlib.nullcontext() if last else ddp.no_sync()
             with sync:
-                micro = loss_fn(ddp(x[b]), y[b])
+                micro = loss_fn(forward(x[b]), y[b])
                 total += micro.item()
                 (micro / k).backward()
         loss = torch.tensor(total / len(micro_batches))
@@ -276,11 +330,25 @@ def main():
     bench_pytorch.write_safetensors(INIT, bench_pytorch.Mlp(WIDTHS).state_dict())
     torch.manual_seed(0)
     bench_pytorch.write_safetensors(CNN_INIT, bench_pytorch.Cnn(8, CNN_CHANNELS, 10).state_dict())
+    torch.manual_seed(0)
+    gpt_twin.write_safetensors(GPT_INIT, gpt_twin.GPT(**GPT_CONFIG).state_dict())
     out = {"steps": STEPS, "workers": WORLD, "batch_size": BATCH, "torch": torch.__version__,
            "init_weights": os.path.basename(INIT), "cnn_init_weights": os.path.basename(CNN_INIT),
+           "gpt_init_weights": os.path.basename(GPT_INIT),
            "cases": {}}
+    # `pytorch_reference.py CASE...` reruns only those cases, keeping the others' numbers.
+    only = sys.argv[1:]
+    unknown = [n for n in only if n not in CASES]
+    if unknown:
+        raise SystemExit(f"unknown case(s) {unknown}; the cases are {list(CASES)}")
+    json_path = os.path.join(OUT_DIR, "pytorch_reference.json")
+    if only and os.path.exists(json_path):
+        with open(json_path) as f:
+            out["cases"] = json.load(f)["cases"]
     ctx = mp.get_context("spawn")
     for name, (case, flags) in CASES.items():
+        if only and name not in only:
+            continue
         queue = ctx.Queue()
         port = free_port()
         procs = [ctx.Process(target=rank_main, args=(r, port, name, case, queue)) for r in range(WORLD)]
@@ -292,10 +360,13 @@ def main():
             if p.exitcode != 0:
                 raise SystemExit(f"case {name}: a rank exited with {p.exitcode}")
         out["cases"][name] = {"flags": flags, "losses": losses}
+        if "steps" in case:
+            out["cases"][name]["steps"] = case["steps"]
         if case.get("model") == "cnn":
             out["cases"][name]["final_state"] = os.path.basename(final_path(name))
         print(f"{name}: first {losses[0]:.6f} last {losses[-1]:.6f}", flush=True)
-    with open(os.path.join(OUT_DIR, "pytorch_reference.json"), "w") as f:
+    out["cases"] = {name: out["cases"][name] for name in CASES if name in out["cases"]}
+    with open(json_path, "w") as f:
         json.dump(out, f, indent=1)
         f.write("\n")
 

@@ -39,11 +39,11 @@ use localsgd_comm::params::{FlatBuffer, FlatParams, ParamSelection, flatten_para
 use localsgd_comm::{CommError, GroupExt, ThreadWorld, WorkerPanicked};
 
 use crate::checkpoint::{CheckpointDir, CheckpointError, RunIdentity};
-use crate::classifier::{Classifier, ModelSpec};
 use crate::config::{ConfigError, TrainConfig, check_export_path};
 use crate::data::DataError;
 use crate::init_weights::{InitWeightsError, save_pytorch_safetensors};
 use crate::model::ModelError;
+use crate::network::{ModelSpec, Network};
 
 /// Which model to export.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -205,7 +205,7 @@ fn final_model(
     spec: &ModelSpec,
     rank: usize,
     device: &Device,
-) -> Result<(Classifier, u64), ExportError> {
+) -> Result<(Network, u64), ExportError> {
     let ckpt = checkpoints.load_rank(rank, identity)?;
     let model = ckpt.restore_params(spec.init(0, device)?)?;
     let model = match ckpt.pending_average() {

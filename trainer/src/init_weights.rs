@@ -14,7 +14,7 @@
 //! ```
 //! use burn::tensor::Device;
 //! use localsgd_trainer::init_weights::{load_pytorch_safetensors, save_pytorch_safetensors};
-//! use localsgd_trainer::classifier::{Classifier, ModelSpec};
+//! use localsgd_trainer::network::{Network, ModelSpec};
 //! use localsgd_trainer::model::MlpConfig;
 //!
 //! let device = Device::flex();
@@ -24,7 +24,7 @@
 //! std::fs::create_dir_all(&dir).unwrap();
 //! let path = dir.join("init.safetensors");
 //! save_pytorch_safetensors(&model, &path).unwrap();
-//! let Classifier::Mlp(loaded) = load_pytorch_safetensors(&path, &spec, &device).unwrap() else {
+//! let Network::Mlp(loaded) = load_pytorch_safetensors(&path, &spec, &device).unwrap() else {
 //!     unreachable!()
 //! };
 //! assert_eq!(loaded.widths(), vec![4, 3, 2]);
@@ -40,9 +40,10 @@ use burn::tensor::{Device, Tensor};
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 
 use crate::batch_norm::BatchNorm2d;
-use crate::classifier::{Classifier, ModelSpec};
 use crate::cnn::{Cnn, CnnConfig, conv_from_pytorch};
+use crate::gpt::{Gpt, GptError};
 use crate::model::{Mlp, MlpConfig, ModelError, linear_from_pytorch};
+use crate::network::{ModelSpec, Network};
 
 /// Everything that can go wrong loading or saving PyTorch safetensors weights.
 #[derive(Debug, thiserror::Error)]
@@ -121,7 +122,7 @@ pub fn load_pytorch_safetensors(
     path: &Path,
     spec: &ModelSpec,
     device: &Device,
-) -> Result<Classifier, InitWeightsError> {
+) -> Result<Network, InitWeightsError> {
     let bytes = std::fs::read(path).map_err(|source| InitWeightsError::Io {
         path: path.to_path_buf(),
         source,
@@ -136,7 +137,7 @@ pub fn load_pytorch_safetensors_bytes(
     origin: &Path,
     spec: &ModelSpec,
     device: &Device,
-) -> Result<Classifier, InitWeightsError> {
+) -> Result<Network, InitWeightsError> {
     spec.validate()?;
     let file = SafeTensors::deserialize(bytes).map_err(|source| InitWeightsError::Format {
         path: origin.to_path_buf(),
@@ -157,8 +158,14 @@ pub fn load_pytorch_safetensors_bytes(
     }
     let read = |name: &str, shape: &[usize]| read_f32(&file, &found, name, shape);
     Ok(match spec {
-        ModelSpec::Mlp(config) => Classifier::Mlp(load_mlp(config, read, device)?),
-        ModelSpec::Cnn(config) => Classifier::Cnn(load_cnn(config, read, device)?),
+        ModelSpec::Mlp(config) => Network::Mlp(load_mlp(config, read, device)?),
+        ModelSpec::Cnn(config) => Network::Cnn(load_cnn(config, read, device)?),
+        ModelSpec::Gpt(config) => Network::Gpt(
+            Gpt::from_safetensors_bytes(bytes, origin, config, device).map_err(|e| match e {
+                GptError::Weights(e) => e,
+                other => ModelError::Gpt(other.to_string()).into(),
+            })?,
+        ),
     })
 }
 
@@ -181,6 +188,9 @@ fn tensor_names(spec: &ModelSpec) -> (BTreeSet<String>, BTreeSet<String>) {
                 ignored.insert(format!("norms.{i}.num_batches_tracked"));
             }
             names.extend(["head.weight".to_string(), "head.bias".to_string()]);
+        }
+        ModelSpec::Gpt(config) => {
+            names.extend(config.pytorch_layout().into_iter().map(|(name, _)| name));
         }
     }
     (names, ignored)
@@ -274,15 +284,24 @@ fn read_f32(
 
 /// Writes `model` to `path` in its PyTorch layout (module docs), all tensors F32; running
 /// statistics are written as they stand after the pending update is applied.
-pub fn save_pytorch_safetensors(model: &Classifier, path: &Path) -> Result<(), InitWeightsError> {
+pub fn save_pytorch_safetensors(model: &Network, path: &Path) -> Result<(), InitWeightsError> {
     let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
     match model {
-        Classifier::Mlp(mlp) => {
+        Network::Gpt(gpt) => {
+            let named = gpt.to_named_tensors().map_err(|e| match e {
+                GptError::Weights(e) => e,
+                other => InitWeightsError::TensorData(other.to_string()),
+            })?;
+            for (name, shape, values) in named {
+                tensors.push((name, shape, le_bytes(&values)));
+            }
+        }
+        Network::Mlp(mlp) => {
             for (k, layer) in mlp.layers.iter().enumerate() {
                 push_linear(&mut tensors, &format!("fc{}", k + 1), layer)?;
             }
         }
-        Classifier::Cnn(cnn) => {
+        Network::Cnn(cnn) => {
             let cnn = cnn.valid();
             for (i, conv) in cnn.convs.iter().enumerate() {
                 let name = format!("convs.{i}");

@@ -5,7 +5,7 @@
 use anyhow::{Context, Result, bail};
 use localsgd_trainer::checkpoint::CheckpointDir;
 use localsgd_trainer::cli::ConfigFlags;
-use localsgd_trainer::config::{Backend, TrainConfig};
+use localsgd_trainer::config::{Backend, ModelKind, TrainConfig};
 use localsgd_trainer::export::ExportChoice;
 use localsgd_trainer::plot::write_loss_svg;
 use localsgd_trainer::run::{self, Progress, RankOutcome, RunTotals, WorkerResult};
@@ -157,14 +157,19 @@ pub(crate) fn report(cfg: &TrainConfig, outcome: &RankOutcome, dir: &Path) -> Re
         samples,
         ranks,
     } = totals.clone();
+    // A language model's sample is a window predicting `context` bytes.
+    let language_model = cfg.model == ModelKind::Gpt;
+    let throughput = if language_model {
+        format!(
+            "{:.0} tokens/s",
+            (samples * cfg.context as u64) as f64 / wall
+        )
+    } else {
+        format!("{:.0} samples/s", samples as f64 / wall)
+    };
     println!(
-        "trained {} iterations on {} workers ({:?}, {:?} backend) in {:.2}s: {:.0} samples/s",
-        r0.iterations,
-        cfg.workers,
-        cfg.algorithm,
-        cfg.backend,
-        wall,
-        samples as f64 / wall
+        "trained {} iterations on {} workers ({:?}, {:?} backend) in {:.2}s: {throughput}",
+        r0.iterations, cfg.workers, cfg.algorithm, cfg.backend, wall,
     );
     println!(
         "communication: {collectives} collectives, {:.2} MB (all ranks; {:.2} MB of it gradients/parameters/losses, the rest control flags); skipped optimizer steps: {}",
@@ -182,11 +187,21 @@ pub(crate) fn report(cfg: &TrainConfig, outcome: &RankOutcome, dir: &Path) -> Re
     if let Some(l) = r0.last_global_loss {
         println!("final mean training loss: {l:.4}");
     }
-    println!(
-        "test accuracy: {:.2}% (world-averaged model; rank 0's own model: {:.2}%)",
-        100.0 * r0.test_accuracy,
-        100.0 * r0.local_test_accuracy
-    );
+    if language_model {
+        println!(
+            "validation loss: {:.4} nats/byte, {:.4} bits/byte; next-byte accuracy {:.2}% (world-averaged model; rank 0's own model: {:.2}%)",
+            r0.test_loss,
+            r0.test_loss / std::f64::consts::LN_2,
+            100.0 * r0.test_accuracy,
+            100.0 * r0.local_test_accuracy
+        );
+    } else {
+        println!(
+            "test accuracy: {:.2}% (world-averaged model; rank 0's own model: {:.2}%)",
+            100.0 * r0.test_accuracy,
+            100.0 * r0.local_test_accuracy
+        );
+    }
     println!("{}", rank_results(r0, &ranks));
     let svg = dir.join("loss.svg");
     write_loss_svg(
@@ -212,6 +227,8 @@ pub(crate) fn report(cfg: &TrainConfig, outcome: &RankOutcome, dir: &Path) -> Re
         "collectives": collectives,
         "wall_seconds": wall,
         "samples_per_second": samples as f64 / wall,
+        "tokens_per_second": language_model.then(|| (samples * cfg.context as u64) as f64 / wall),
+        "test_bits_per_byte": language_model.then(|| r0.test_loss / std::f64::consts::LN_2),
         "skipped_steps": r0.skipped_steps,
         "phase_seconds": r0.phase_times.iter().map(|(p, d)| (p.name().to_string(), serde_json::json!(d.as_secs_f64()))).collect::<serde_json::Map<_, _>>(),
     });

@@ -1,8 +1,9 @@
 //! # localsgd-trainer
 //!
 //! The `localsgd` application: the run configuration ([`config`], TOML and flags), data sets
-//! ([`data`]), the models ([`model`]'s MLP, [`cnn`] with [`batch_norm`], both behind
-//! [`classifier`]), PyTorch weight import and export ([`init_weights`], [`export`]), metrics,
+//! ([`data`]: images, generated blobs and byte-level text), the models ([`model`]'s MLP, [`cnn`]
+//! with [`batch_norm`], the byte-level language model [`gpt`], all behind [`network`]), PyTorch
+//! weight import and export ([`init_weights`], [`export`]), metrics,
 //! plots and the per-rank run ([`run`]) that the binary launches; the cost model of `localsgd plan`
 //! is the `localsgd-planner` crate.
 //! The distributed loop itself is the library crate `localsgd-pipeline`; its modules
@@ -15,7 +16,6 @@ pub use localsgd_pipeline::{algorithm, checkpoint, lr_schedule, pipeline};
 
 pub mod atomic;
 pub mod batch_norm;
-pub mod classifier;
 pub mod cli;
 pub mod cnn;
 pub mod config;
@@ -23,9 +23,11 @@ pub mod data;
 pub mod denormals;
 pub mod export;
 pub mod fault;
+pub mod gpt;
 pub mod init_weights;
 pub mod limits;
 pub mod metrics;
 pub mod model;
+pub mod network;
 pub mod plot;
 pub mod run;

@@ -61,6 +61,9 @@ pub enum ModelError {
         /// The classes.
         classes: usize,
     },
+    /// The GPT's sizes do not work (the message names the setting and what is valid).
+    #[error("{0}")]
+    Gpt(String),
     /// The image side cannot be halved by every block.
     #[error(
         "model `cnn`: an image side of {side} cannot be halved by {blocks} pooling blocks; the side must be a multiple of 2^{blocks} (use fewer `channels`)"

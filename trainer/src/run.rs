@@ -3,7 +3,6 @@
 
 use crate::algorithm::{self, AlgorithmSpec};
 use crate::checkpoint::{CheckpointError, Checkpoints, Publish, RunIdentity};
-use crate::classifier::{Classifier, Classify, ModelSpec};
 use crate::cnn::CnnConfig;
 use crate::config::{
     Backend, DatasetKind, DeviceKind, LrScheduleKind, ModelKind, OptimizerKind, PipelineBuckets,
@@ -11,16 +10,17 @@ use crate::config::{
 };
 use crate::data::{self, DataError, Dataset, ShardSampler, TrainTest};
 use crate::fault::{Fault, FaultKind};
+use crate::gpt::GptConfig;
 use crate::init_weights::{InitWeightsError, load_pytorch_safetensors, save_pytorch_safetensors};
 use crate::limits;
 use crate::lr_schedule::LrSchedule;
 use crate::metrics::{EvalWriter, MetricsWriter};
 use crate::model::{MlpConfig, ModelError};
+use crate::network::{BatchEval, ModelSpec, Network, Objective};
 use crate::pipeline::{
     Accumulation, BatchSource, DataPosition, Outcome, PhaseTimes, Pipeline, PipelineError,
     PipelineOptions, SourceError,
 };
-use burn::nn::loss::CrossEntropyLoss;
 use burn::optim::decay::WeightDecayConfig;
 use burn::optim::lr_scheduler::module_lr_scheduler::ModuleLrScheduler;
 use burn::optim::momentum::MomentumConfig;
@@ -237,6 +237,10 @@ pub fn load_data(cfg: &TrainConfig) -> Result<TrainTest, DataError> {
             let dir = cfg.data_dir.as_deref().unwrap_or(Path::new("."));
             data::idx::load_dir(dir)
         }
+        DatasetKind::Text => {
+            let file = cfg.text_file.as_deref().unwrap_or(Path::new(""));
+            data::text::load(file, cfg.context, data::text::DEFAULT_VALID_FRACTION)
+        }
     }
 }
 
@@ -335,6 +339,18 @@ pub fn model_config(cfg: &TrainConfig, train: &Dataset) -> Result<ModelSpec, Mod
             cfg.channels.clone(),
             train.num_classes(),
         )?),
+        ModelKind::Gpt => {
+            let spec = GptConfig {
+                vocab: 256,
+                context: cfg.context,
+                d_model: cfg.d_model,
+                heads: cfg.heads,
+                layers: cfg.layers,
+            };
+            spec.validate()
+                .map_err(|e| ModelError::Gpt(e.to_string()))?;
+            ModelSpec::Gpt(spec)
+        }
     })
 }
 
@@ -395,31 +411,40 @@ pub fn lr_schedule(cfg: &TrainConfig, iterations: u64) -> LrSchedule {
     }
 }
 
-/// Mean cross-entropy of a model on a batch (PyTorch's `CrossEntropyLoss()` default).
-pub fn loss<M: Classify>(model: &M, batch: &(Tensor<2>, Tensor<1, Int>)) -> Tensor<1> {
+/// The mean loss of a model on a batch: cross-entropy of a classifier's logits (PyTorch's
+/// `CrossEntropyLoss()` default), or a language model's mean next-byte cross-entropy.
+pub fn loss<M: Objective>(model: &M, batch: &(Tensor<2>, Tensor<1, Int>)) -> Tensor<1> {
     let (x, y) = batch;
-    let logits = model.logits(x.clone());
-    CrossEntropyLoss::new(None, &logits.device()).forward(logits, y.clone())
+    model.batch_loss(x.clone(), y.clone())
 }
 
 /// A model's test accuracy and loss.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Evaluation {
-    /// Fraction classified correctly, in [0, 1].
+    /// Fraction predicted correctly, in [0, 1]: samples for a classifier, next bytes for a
+    /// language model.
     pub accuracy: f64,
-    /// Mean cross-entropy (computed in f64 from the f32 logits).
+    /// Mean cross-entropy in nats per prediction (per sample, or per byte for a language
+    /// model; computed in f64 from the f32 logits).
     pub loss: f64,
 }
 
-/// Fraction of `data` the model classifies correctly, in evaluation mode (`Module::valid`:
+impl Evaluation {
+    /// The loss in bits per prediction (bits per byte for a language model).
+    pub fn bits(&self) -> f64 {
+        self.loss / std::f64::consts::LN_2
+    }
+}
+
+/// Fraction of `data` the model predicts correctly, in evaluation mode (`Module::valid`:
 /// no autodiff, batch normalization from its running statistics, which are left unchanged).
-pub fn accuracy<M: Classify>(model: &M, data: &Dataset, device: &Device) -> Result<f64, RunError> {
+pub fn accuracy<M: Objective>(model: &M, data: &Dataset, device: &Device) -> Result<f64, RunError> {
     Ok(evaluate(model, data, device)?.accuracy)
 }
 
 /// [`accuracy`] and the mean cross-entropy of `data`, in one pass. An empty data set gives
 /// zeros.
-pub fn evaluate<M: Classify>(
+pub fn evaluate<M: Objective>(
     model: &M,
     data: &Dataset,
     device: &Device,
@@ -429,41 +454,24 @@ pub fn evaluate<M: Classify>(
     }
     let model = model.valid();
     let indices: Vec<usize> = (0..data.len()).collect();
-    let mut correct = 0usize;
-    let mut loss_sum = 0.0f64;
+    let mut total = BatchEval::default();
     for chunk in indices.chunks(1024) {
         let (x, _) = data.batch_tensors(chunk, device)?;
-        let logits = model.logits(x.inner());
-        let classes = logits.dims()[1];
-        let values: Vec<f32> = logits
-            .into_data()
-            .try_into_vec()
-            .map_err(|e| RunError::Output {
+        let labels: Vec<u32> = chunk.iter().map(|&i| data.labels()[i]).collect();
+        let eval = model
+            .batch_eval(x.inner(), &labels)
+            .map_err(|message| RunError::Output {
                 what: "evaluation".into(),
-                message: format!("{e:?}"),
+                message,
             })?;
-        for (row, &i) in values.chunks(classes).zip(chunk) {
-            let label = data.labels()[i] as usize;
-            let mut best = 0;
-            for c in 1..classes {
-                if row[c] > row[best] {
-                    best = c;
-                }
-            }
-            if best == label {
-                correct += 1;
-            }
-            // -log softmax(row)[label], shifted by the row's maximum for stability.
-            let max = f64::from(row[best]);
-            let sum: f64 = row.iter().map(|&v| (f64::from(v) - max).exp()).sum();
-            let picked = row.get(label).map_or(f64::NAN, |&v| f64::from(v));
-            loss_sum += max + sum.ln() - picked;
-        }
+        total.loss_sum += eval.loss_sum;
+        total.correct += eval.correct;
+        total.count += eval.count;
     }
-    let n = data.len() as f64;
+    let n = total.count.max(1) as f64;
     Ok(Evaluation {
-        accuracy: correct as f64 / n,
-        loss: loss_sum / n,
+        accuracy: total.correct as f64 / n,
+        loss: total.loss_sum / n,
     })
 }
 
@@ -646,7 +654,7 @@ pub fn train_worker(
     let mut samples = 0u64;
     let mut last_global = None;
     let mut curve = Vec::new();
-    let loss_fn = |m: &Classifier, b: &(Tensor<2>, Tensor<1, Int>)| loss(m, b);
+    let loss_fn = |m: &Network, b: &(Tensor<2>, Tensor<1, Int>)| loss(m, b);
     let mut fault = Fault::from_env().map_err(RunError::Fault)?;
     while pipeline.iteration() < total {
         if cfg.steps.is_none() && loader.epoch() >= cfg.epochs {
@@ -841,7 +849,7 @@ fn build_pipeline(
     spec: &AlgorithmSpec,
     group: &Group,
     checkpoints: Option<&Checkpoints>,
-) -> Result<Pipeline<Classifier>, RunError> {
+) -> Result<Pipeline<Network>, RunError> {
     let parts = algorithm::build(spec, group)?;
     if let Some((_, reducer)) = &parts.sync
         && spec.pipeline_buckets == PipelineBuckets::Auto
@@ -904,8 +912,8 @@ fn checkpoint_failure(e: CheckpointError) -> RunError {
 /// (the world average).
 fn final_models(
     cfg: &TrainConfig,
-    model: Classifier,
-    pipeline: &Pipeline<Classifier>,
+    model: Network,
+    pipeline: &Pipeline<Network>,
     run_dir: Option<&Path>,
     data: &TrainTest,
     device: &Device,
@@ -972,7 +980,7 @@ fn inject(
 }
 
 /// Write `model` to the `export` file (PyTorch layout, atomically; [`crate::export`]).
-fn export_model(model: &Classifier, path: &Path) -> Result<(), RunError> {
+fn export_model(model: &Network, path: &Path) -> Result<(), RunError> {
     save_pytorch_safetensors(model, path).map_err(|e| RunError::Output {
         what: "export".into(),
         message: e.to_string(),

@@ -124,7 +124,7 @@ pub enum BufferPolicy {
 pub enum Accumulation {
     /// One stream of micro-batches across epochs, as an iteration-based PyTorch loop draws
     /// them: a step whose source runs dry asks it for its next epoch
-    /// ([`BatchSource::next_epoch`]) and goes on filling there. Where the source has no next
+    /// (`BatchSource::next_epoch`) and goes on filling there. Where the source has no next
     /// epoch (the end of the run's data) the micro-batches fetched make a last step of fewer.
     #[default]
     Stream,

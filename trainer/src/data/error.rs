@@ -113,6 +113,71 @@ pub enum DataError {
     #[error("batch size must be positive, got 0")]
     ZeroBatchSize,
 
+    /// A text file (of the `text` data set) is missing or cannot be read.
+    #[error("cannot read text file `{path}`: {source}")]
+    TextRead {
+        /// The file that failed.
+        path: PathBuf,
+        /// The underlying I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A text (of the `text` data set) has no bytes.
+    #[error(
+        "{what} is empty: a text data set needs at least one window of context + 1 bytes in both \
+         its training and its validation part"
+    )]
+    EmptyText {
+        /// The text: `` text file `PATH` `` or `the text`.
+        what: String,
+    },
+
+    /// A text data set's context was 0.
+    #[error(
+        "invalid context {context}: the context must be at least 1 byte (a window holds context \
+         + 1 bytes)"
+    )]
+    InvalidContext {
+        /// The context asked for.
+        context: usize,
+    },
+
+    /// A text data set's validation fraction was not strictly between 0 and 1.
+    #[error(
+        "invalid validation fraction {value}: it must be a number strictly between 0 and 1 (the \
+         held-out share of the text's bytes; the default is 0.1)"
+    )]
+    InvalidValidFraction {
+        /// The fraction asked for.
+        value: f64,
+    },
+
+    /// A text, its training part or its validation part is shorter than one window.
+    #[error(
+        "{what} is too short for context {context} and validation fraction {valid_fraction}: \
+         {part} has {part_bytes} bytes, fewer than one window of context + 1 = {} bytes; these \
+         settings need at least {needed} bytes in all and {what} has {bytes}: use a longer text, \
+         a smaller context or another validation fraction",
+        context.saturating_add(1)
+    )]
+    TextTooShort {
+        /// The text: `` text file `PATH` `` or `the text`.
+        what: String,
+        /// Which part is too short, with its extent.
+        part: String,
+        /// Bytes in that part.
+        part_bytes: usize,
+        /// Bytes in the whole text.
+        bytes: usize,
+        /// The context asked for.
+        context: usize,
+        /// The validation fraction asked for.
+        valid_fraction: f64,
+        /// The fewest bytes whose training and validation parts both hold one window.
+        needed: u64,
+    },
+
     /// A batch referred to a row that does not exist.
     #[error("row index {index} out of range for a dataset of {len} rows")]
     IndexOutOfRange {

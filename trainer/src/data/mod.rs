@@ -1,5 +1,5 @@
-//! Training data: an in-memory [`Dataset`], its sources ([`digits`], [`synthetic`], [`idx`]) and
-//! the PyTorch-compatible per-rank sharding and batching ([`ShardSampler`]).
+//! Training data: an in-memory [`Dataset`], its sources ([`digits`], [`synthetic`], [`idx`],
+//! [`text`]) and the PyTorch-compatible per-rank sharding and batching ([`ShardSampler`]).
 //!
 //! ```
 //! use burn::tensor::Device;
@@ -21,6 +21,7 @@ mod error;
 pub mod idx;
 mod sampler;
 pub mod synthetic;
+pub mod text;
 
 pub use dataset::{Dataset, TrainTest};
 pub use error::DataError;

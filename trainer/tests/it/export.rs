@@ -6,10 +6,10 @@
 use crate::cli::{localsgd, ok};
 use burn::tensor::Device;
 use localsgd_trainer::checkpoint::CheckpointDir;
-use localsgd_trainer::classifier::{ModelSpec, ModelSpec as Spec};
 use localsgd_trainer::cnn::CnnConfig;
 use localsgd_trainer::init_weights::load_pytorch_safetensors;
 use localsgd_trainer::model::MlpConfig;
+use localsgd_trainer::network::{ModelSpec, ModelSpec as Spec};
 use localsgd_trainer::run::evaluate;
 use std::path::Path;
 use std::process::{Command, Output};

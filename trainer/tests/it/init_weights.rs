@@ -5,12 +5,12 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use burn::tensor::{Device, Tensor, TensorData};
-use localsgd_trainer::classifier::{Classifier, Classify, ModelSpec};
 use localsgd_trainer::cnn::CnnConfig;
 use localsgd_trainer::init_weights::{
     InitWeightsError, load_pytorch_safetensors, save_pytorch_safetensors,
 };
 use localsgd_trainer::model::{Mlp, MlpConfig};
+use localsgd_trainer::network::{Classify, ModelSpec, Network};
 use safetensors::{Dtype, tensor::TensorView};
 
 /// (name, dtype, shape, little-endian bytes)
@@ -57,9 +57,9 @@ fn config() -> ModelSpec {
     })
 }
 
-fn mlp(model: Classifier) -> Mlp {
+fn mlp(model: Network) -> Mlp {
     match model {
-        Classifier::Mlp(m) => m,
+        Network::Mlp(m) => m,
         other => panic!("expected an MLP, got {other:?}"),
     }
 }
@@ -259,7 +259,9 @@ fn cnn_loads_runs_and_roundtrips_in_pytorch_layout() {
     let path = dir.path().join("cnn.safetensors");
     write(&path, &entries);
     let device = Device::flex();
-    let model = load_pytorch_safetensors(&path, &spec, &device).unwrap();
+    let Network::Cnn(model) = load_pytorch_safetensors(&path, &spec, &device).unwrap() else {
+        panic!("a CNN spec loads a CNN");
+    };
     // Pixels [1, 2, 3, 5]: conv 3, 5, 7, 11; norm 0.5 (v - 3) / sqrt(4) - 1 = -1, -0.5, 0, 1;
     // ReLU then max: 1; head [1, -2 + 10] = [1, 8].
     let x = Tensor::<2>::from_data(
@@ -273,7 +275,7 @@ fn cnn_loads_runs_and_roundtrips_in_pytorch_layout() {
     );
 
     let saved = dir.path().join("saved.safetensors");
-    save_pytorch_safetensors(&model, &saved).unwrap();
+    save_pytorch_safetensors(&Network::Cnn(model), &saved).unwrap();
     let bytes = std::fs::read(&saved).unwrap();
     let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     for (name, _, shape, raw) in entries

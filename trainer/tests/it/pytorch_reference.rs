@@ -6,7 +6,9 @@
 //! annealing; DiLoCo (outer Nesterov) and SlowMo (under a step schedule) through
 //! post-local SGD's switch; and the CNN with batch normalization (`--model cnn`) under DDP and through
 //! post-local SGD's switch, where rank 0's final parameters and BatchNorm running statistics
-//! (`model.safetensors`) are compared with PyTorch's final `state_dict` too. The numbers come
+//! (`model.safetensors`) are compared with PyTorch's final `state_dict` too; and the byte-level
+//! GPT (`--model gpt --dataset text`, 20 steps within 1e-4 relative) under DDP with AdamW and
+//! through DiLoCo's switch with AdamW as the inner optimizer. The numbers come
 //! from `scripts/pytorch_reference.py`
 //! (PyTorch 2.15, CPU, gloo; its rank 1 starts from other weights, which DDP's construction-time
 //! broadcast replaces), committed in `tests/data/pytorch_reference.json`.
@@ -15,6 +17,10 @@ use std::path::Path;
 use std::process::Command;
 
 const TOLERANCE: f64 = 1e-5;
+
+/// The GPT cases: 1e-4 relative, the language-model issue's bound for the first 20 DDP steps
+/// (attention's softmax and LayerNorm sum in a different order than PyTorch's kernels).
+const GPT_TOLERANCE: f64 = 1e-4;
 
 /// Final tensors (CNN cases): `|ours - theirs| <= FINAL_TOLERANCE * max(1, |theirs|)` (measured:
 /// at most 8.1e-7; burn's own `BatchNorm`, with its biased running variance, would leave the first
@@ -48,12 +54,22 @@ fn losses_match_pytorch_for_schedules_weight_decay_clipping_adamw_accumulation_a
     .unwrap();
     let mlp_init = data.join(reference["init_weights"].as_str().unwrap());
     let cnn_init = data.join(reference["cnn_init_weights"].as_str().unwrap());
-    let steps = reference["steps"].as_u64().unwrap().to_string();
+    let gpt_init = data.join(reference["gpt_init_weights"].as_str().unwrap());
     let cases = reference["cases"].as_object().unwrap();
-    assert_eq!(cases.len(), 10);
+    assert_eq!(cases.len(), 12);
+    // The GPT cases' flags name the shipped text relative to the workspace root.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let dir = tempfile::tempdir().unwrap();
     for (name, case) in cases {
         let run = dir.path().join(name);
+        let steps = case
+            .get("steps")
+            .unwrap_or(&reference["steps"])
+            .as_u64()
+            .unwrap()
+            .to_string();
+        let gpt = name.starts_with("gpt-");
+        let tolerance = if gpt { GPT_TOLERANCE } else { TOLERANCE };
         let mut args: Vec<String> = [
             "train",
             "--progress",
@@ -73,7 +89,9 @@ fn losses_match_pytorch_for_schedules_weight_decay_clipping_adamw_accumulation_a
         .map(|s| s.to_string())
         .collect();
         let final_state = case.get("final_state").and_then(|v| v.as_str());
-        let init = if final_state.is_some() {
+        let init = if gpt {
+            &gpt_init
+        } else if final_state.is_some() {
             &cnn_init
         } else {
             &mlp_init
@@ -85,6 +103,7 @@ fn losses_match_pytorch_for_schedules_weight_decay_clipping_adamw_accumulation_a
         }
         let out = Command::new(env!("CARGO_BIN_EXE_localsgd"))
             .args(&args)
+            .current_dir(&root)
             .output()
             .unwrap();
         assert!(
@@ -111,7 +130,7 @@ fn losses_match_pytorch_for_schedules_weight_decay_clipping_adamw_accumulation_a
         for (i, (a, b)) in ours.iter().zip(&theirs).enumerate() {
             let rel = (a - b).abs() / b.abs();
             assert!(
-                rel <= TOLERANCE,
+                rel <= tolerance,
                 "{name}, iteration {i}: ours {a}, PyTorch {b} (relative difference {rel:.2e})"
             );
         }
