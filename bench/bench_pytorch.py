@@ -5,7 +5,7 @@ algorithm settings as `localsgd train`, on W processes talking gloo.
 Modes:
   train (default)   train and evaluate; print one JSON object on the last line of stdout.
   allreduce-bench   gloo all-reduce of 1, 1M and 16M f32 (the sizes of
-                    `mpi_check bench`); best of 5, slowest rank; one JSON object.
+                    `localsgd bench-comm`); best of 5, slowest rank; one JSON object.
 
 Launch (--launch):
   spawn (default)   this process starts the W ranks itself (torch.multiprocessing.spawn), on

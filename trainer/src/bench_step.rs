@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use burn::tensor::Device;
 use localsgd_comm::Group;
 use localsgd_planner::measure::{StepSettings, StepTiming, measure_step};
-use localsgd_trainer::cli::ConfigFlags;
+use localsgd_trainer::config::ConfigFlags;
 use localsgd_trainer::config::{Backend, TrainConfig};
 use localsgd_trainer::init_weights::load_pytorch_safetensors;
 use localsgd_trainer::run;

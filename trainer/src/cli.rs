@@ -1,8 +1,9 @@
-//! Command-line flags: one flag per configuration setting, with the same kebab-case name as the
-//! TOML key. A flag overrides the file, which overrides the defaults.
+//! The command-line side of the settings: list flags' syntax ([`Widths`]) and how flags, the
+//! config file and the defaults combine ([`ConfigFlags::resolve`]: a flag overrides the file,
+//! which overrides the defaults). The flags themselves are declared with the settings, in
+//! [`crate::config`].
 
-pub use crate::config::ConfigFlags;
-use crate::config::TrainConfig;
+use crate::config::{ConfigFlags, TrainConfig};
 
 /// Layer widths as given on the command line: comma-separated, `""` for none.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -4,7 +4,7 @@
 
 use anyhow::{Context, Result, bail};
 use localsgd_trainer::checkpoint::CheckpointDir;
-use localsgd_trainer::cli::ConfigFlags;
+use localsgd_trainer::config::ConfigFlags;
 use localsgd_trainer::config::{Backend, ModelKind, TrainConfig};
 use localsgd_trainer::export::ExportChoice;
 use localsgd_trainer::plot::write_loss_svg;

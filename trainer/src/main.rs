@@ -2,7 +2,7 @@
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
-use localsgd_trainer::cli::ConfigFlags;
+use localsgd_trainer::config::ConfigFlags;
 use localsgd_trainer::config::{AlgorithmKind, Backend};
 use localsgd_trainer::export::{ExportChoice, export_run};
 use localsgd_trainer::run;
@@ -22,7 +22,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Train the MLP (defaults: 2 thread workers, post-local SGD, bundled digits data).
+    /// Train a model (defaults: 2 thread workers, post-local SGD, the MLP on the bundled digits data; `--model gpt --dataset text` trains a language model).
     Train(ConfigFlags),
     /// Run ddp, post-local-sgd, hierarchical, diloco, streaming-diloco and slowmo on the same data and seed; print one table.
     Compare(ConfigFlags),

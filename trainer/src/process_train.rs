@@ -15,7 +15,7 @@ use crate::launch::{describe, prepare_run_dir, progress_bar, report};
 use crate::process_world::ProcessWorld;
 use anyhow::{Context, Result, bail};
 use localsgd_comm::Group;
-use localsgd_trainer::cli::ConfigFlags;
+use localsgd_trainer::config::ConfigFlags;
 use localsgd_trainer::config::TrainConfig;
 use localsgd_trainer::run;
 use std::time::Duration;

@@ -16,7 +16,7 @@
 //!   real setting, and the flags' `--help` text is each setting's doc.
 
 use clap::Args;
-use localsgd_trainer::cli::ConfigFlags;
+use localsgd_trainer::config::ConfigFlags;
 use localsgd_trainer::config::{SETTINGS, SettingDoc, TrainConfig};
 use std::collections::BTreeSet;
 use std::path::PathBuf;

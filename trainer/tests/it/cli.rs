@@ -2,7 +2,7 @@
 //! reference (TOML keys == command-line flags).
 
 use clap::Args;
-use localsgd_trainer::cli::ConfigFlags;
+use localsgd_trainer::config::ConfigFlags;
 use localsgd_trainer::config::TrainConfig;
 use std::path::Path;
 use std::process::Command;
