@@ -34,6 +34,7 @@
 pub mod algorithm;
 pub mod checkpoint;
 pub mod lr_schedule;
+pub mod malloc;
 pub mod pipeline;
 pub mod settings;
 

@@ -64,6 +64,11 @@ fn main() {
         .with_writer(std::io::stderr)
         .with_target(false)
         .init();
+    // Freed step buffers stay in the process instead of being unmapped and faulted in again
+    // every step (`LOCALSGD_MALLOC_DEFAULTS=1` keeps glibc's defaults, to compare).
+    if std::env::var_os("LOCALSGD_MALLOC_DEFAULTS").is_none_or(|v| v != "1") {
+        localsgd_pipeline::malloc::keep_freed_buffers();
+    }
     if let Err(e) = run_cli() {
         eprintln!("error: {}", launch::describe(&e));
         std::process::exit(2);
