@@ -531,8 +531,8 @@ pub fn build(spec: &AlgorithmSpec, world: &Group) -> Result<AlgorithmParts, Pipe
 /// all-gather of two words per rank) except on the thread backend, whose ranks are one process.
 ///
 /// Where ranks share cores the pipelined sync's helper thread waits for its turn on a core
-/// between the polls that move each piece, and blocking buckets are faster (the measurements
-/// are in the book's Benchmarks chapter).
+/// between the polls that move each piece, and blocking buckets are faster
+/// (`bench/results/2026-12-04-blocking-pieces/`, run 5).
 fn pipelining_pays(world: &Group) -> Result<bool, PipelineError> {
     if world.size() < 2 || world.backend() == "threads" {
         return Ok(false);

@@ -3,9 +3,10 @@
 //!
 //! Why: as training goes on, more and more gradient and weight-update values become subnormal
 //! (smaller than `f32::MIN_POSITIVE`, about 1.2e-38), and x86 CPUs compute with subnormals many
-//! times slower than with normal numbers. On the Fashion-MNIST MLP of the benchmarks, burn's
-//! own step (`localsgd bench-step`) has a median of 1.2 ms over 300 iterations and 2.36 ms over
-//! 2,400; with `--flush-denormals true`, 1.16 ms over 2,400 (book: Benchmarks).
+//! times slower than with normal numbers: on the benchmarks' Fashion-MNIST MLP, burn's own step
+//! (`localsgd bench-step`) takes about twice as long over thousands of iterations as over the
+//! first hundreds, and flushing keeps it at the early speed (book: Performance, "A finding:
+//! burn's step slows down in long runs").
 //!
 //! What it changes: every arithmetic result that would be subnormal becomes 0 (flush to zero)
 //! and every subnormal input is read as 0 (denormals are zero). Results then differ from an

@@ -63,7 +63,7 @@ const DEDICATED_POLL: Duration = Duration::from_micros(100);
 /// On a dedicated communicator it bounds how long a world collective issued meanwhile waits
 /// behind it (both share one TCP connection between two processes). On every communicator it
 /// keeps Open MPI's blocking all-reduce near the link's rate, which one large `MPI_Allreduce`
-/// over TCP falls well short of (the measurements are in the book's Benchmarks chapter).
+/// over TCP falls well short of (`bench/results/2026-12-04-blocking-pieces/`).
 const PIECE_BYTES: usize = crate::MPI_PIECE_BYTES;
 
 impl fmt::Debug for MpiGroup {

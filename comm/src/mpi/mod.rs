@@ -115,11 +115,10 @@ impl MpiConfig {
     /// TCP connections Open MPI opens between two ranks on different hosts (its
     /// `btl_tcp_links`; default [`DEFAULT_TCP_LINKS`]; `None`: leave Open MPI's own default, 1).
     ///
-    /// With one connection per pair, Open MPI's TCP transport used only 50-60% of a shaped
-    /// link in an all-reduce, where both directions carry data at once (measured on a
-    /// 100 Mbit/s `tbf` link between network namespaces: 840 MB per host in 122 s with one
-    /// link, 72 s with two, 70.6 s the link's limit; a plain TCP stream gets the full rate both
-    /// ways). Two connections let it use the link fully.
+    /// With one connection per pair, Open MPI's TCP transport uses only part of a shaped link in
+    /// an all-reduce, where both directions carry data at once, while a plain TCP stream gets
+    /// the full rate both ways; two connections let it use the link fully
+    /// (`bench/results/2026-12-03-mpi-two-connections/`).
     ///
     /// Applied by [`MpiWorld::init_with`] before `MPI_Init`, through the environment variable
     /// [`TCP_LINKS_VAR`], and only when that variable is not set already: a user's
@@ -147,9 +146,8 @@ impl MpiConfig {
     /// collective timeout, twice in a row in this project's CI (4 ranks on 2 network-namespace
     /// hosts, at the first non-blocking all-reduce). Opened here, every connection comes up
     /// while one thread alone is inside MPI, and a peer that never answers is ended by the
-    /// collective timeout. On those 2 hosts no connection was opened after start-up, and a
-    /// 100 Mbit/s link carried the wide MLP's gradients as fast as without it (908 and 902 ms
-    /// per iteration, 2 hosts × 1 rank, one run each).
+    /// collective timeout. On those hosts no connection was opened after start-up, and a shaped
+    /// link carried the wide MLP's gradients as fast as without it.
     ///
     /// Cost: one round per other rank at start-up, and a connection to every rank on another
     /// host where Open MPI would open only those its collectives use (ranks on one host talk

@@ -5,11 +5,10 @@
 //! `MPI_Iallreduce`. Open MPI 4.1 (component `coll/libnbc`) schedules every in-place call as a
 //! binomial reduce to rank 0 followed by a binomial broadcast: the stages run one after the other
 //! and, with 2 ranks on each of 2 hosts, cross the host links 3 times per call (1.5 `n` per link,
-//! 2 `n` one way), where a blocking `MPI_Allreduce` crosses them once each way (1.0 `n`). Measured
-//! on the wide MLP, 2 hosts × 2 ranks at 1 Gbit/s, consecutive runs: 255.6 ms per iteration with
-//! the binomial schedule (bare burn step 88.4 ms), 204.6 ms with Rabenseifner's (reduce-scatter
-//! by recursive halving, then all-gather; bare step 86.6 ms), whose links carried 1.0 `n`; the
-//! wire time is 89.1 ms.
+//! 2 `n` one way), where a blocking `MPI_Allreduce` crosses them once each way (1.0 `n`).
+//! Rabenseifner's algorithm (reduce-scatter by recursive halving, then all-gather) carries 1.0
+//! `n` per link, and on the benchmarks' wide MLP over shaped links it is the faster of the two
+//! (`bench/results/2026-12-04-wide-4-ranks/`).
 //!
 //! So, unless the user chose an algorithm (`--mca coll_libnbc_iallreduce_algorithm N` or
 //! `OMPI_MCA_coll_libnbc_iallreduce_algorithm=N`, any value but 0), start-up sets
