@@ -1,11 +1,34 @@
 #!/usr/bin/env python3
-"""PyTorch reference for `bench/bench-vs-pytorch`: the same MLP, data split, sharding and
-algorithm settings as `localsgd train`, on W processes talking gloo.
+"""PyTorch reference for `bench/bench-vs-pytorch` and `bench/bench-matrix`: the same model
+(the MLP, or with --model gpt the byte-level GPT), data split, sharding and algorithm settings as
+`localsgd train`, on W processes talking gloo.
 
 Modes:
   train (default)   train and evaluate; print one JSON object on the last line of stdout.
   allreduce-bench   gloo all-reduce of 1, 1M and 16M f32 (the sizes of
                     `localsgd bench-comm`); best of 5, slowest rank; one JSON object.
+  lm-eval           the validation loss (nats and bits per byte) and next-byte accuracy of each
+                    weight file given (the GPT twin's safetensors, e.g. `localsgd export`'s) on
+                    the first --eval-windows validation windows of --text-file (0: all); one
+                    process, one thread; one JSON object. bench-matrix evaluates ours' checkpoints
+                    with it, with the function the train mode's gpt eval_curve uses.
+  lm-step           the GPT twin's bare training step (forward, cross-entropy over every position,
+                    backward, AdamW) on one batch of --batch-size training windows, one thread;
+                    --warmup-iters untimed, --iters timed; median and mean ms; with --profile FILE
+                    torch.profiler's op table of the timed steps (bench/lm-step runs it).
+
+Language model (--model gpt, scripts/gpt_twin.py's twin; --text-file, --context, --d-model,
+--heads, --layers as `localsgd train`): windows of context + 1 bytes at stride context of the
+text's first 90% (train) and last 10% (validation), as trainer/src/data/text.rs cuts them; the
+same DistributedSampler sharding as the MLP (shuffle=True: torch.randperm's permutation, where
+`localsgd train` draws its own from the seed); loss = mean cross-entropy over every position of
+every window; torch.optim.AdamW(lr=--lr, weight_decay=--weight-decay, PyTorch's betas and eps);
+--init-weights / --save-init as the MLP (the twin's state_dict names). --eval-every N copies rank
+0's weights every N iterations and after the last (off the clock) and evaluates the copies after
+the run on the first --eval-windows validation windows: eval_curve entries {iteration,
+train_seconds, test_loss (nats per byte), test_accuracy}. The result adds test_loss and
+test_bits_per_byte (the world-averaged model on every validation window), rank0_test_loss,
+tokens and tokens_per_second.
 
 Launch (--launch):
   spawn (default)   this process starts the W ranks itself (torch.multiprocessing.spawn), on
@@ -114,7 +137,25 @@ DEFAULT_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "d
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mode", choices=["train", "allreduce-bench"], default="train")
+    p.add_argument("--mode", choices=["train", "allreduce-bench", "lm-eval", "lm-step"], default="train")
+    p.add_argument("--model", choices=["mlp", "gpt"], default="mlp",
+                   help="mlp (default) or gpt: scripts/gpt_twin.py's twin of `localsgd train --model gpt` on "
+                        "--text-file (AdamW; see 'Language model' above)")
+    p.add_argument("--text-file", default=None, help="the text of --model gpt (as `localsgd train --text-file`)")
+    p.add_argument("--context", type=int, default=64, help="--model gpt: bytes of context per window")
+    p.add_argument("--d-model", type=int, default=128, help="--model gpt: width")
+    p.add_argument("--heads", type=int, default=4, help="--model gpt: attention heads per block")
+    p.add_argument("--layers", type=int, default=2, help="--model gpt: transformer blocks")
+    p.add_argument("--weight-decay", type=float, default=0.01, help="--model gpt: AdamW's (decoupled) weight decay")
+    p.add_argument("--eval-windows", type=int, default=0,
+                   help="--model gpt: the eval_curve's evaluations (and lm-eval's) use the first N validation "
+                        "windows; 0: all of them (the final evaluation always uses all)")
+    p.add_argument("--iters", type=int, default=20, help="lm-step: timed steps")
+    p.add_argument("--warmup-iters", type=int, default=3, help="lm-step: untimed steps first")
+    p.add_argument("--profile", default=None,
+                   help="lm-step: also profile the timed steps with torch.profiler (CPU) and write its op table "
+                        "(sorted by self CPU time) to this file")
+    p.add_argument("weights", nargs="*", help="lm-eval: safetensors files of the twin's weights to evaluate")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--algorithm", choices=["ddp", "post-local-sgd", "hierarchical", "diloco", "slowmo"],
                    default="post-local-sgd")
@@ -166,6 +207,20 @@ def parse_args(argv):
             p.error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be at least 1")
     if args.warmup < 0:
         p.error(f"--warmup {args.warmup}: must be non-negative")
+    if args.mode in ("lm-eval", "lm-step"):
+        args.model = "gpt"
+    if args.model == "gpt":
+        if not args.text_file or not os.path.isfile(args.text_file):
+            p.error(f"--model gpt needs --text-file, an existing file (got {args.text_file!r})")
+        for name in ("context", "d_model", "heads", "layers"):
+            if getattr(args, name) < 1:
+                p.error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be at least 1")
+        if args.d_model % args.heads:
+            p.error(f"--heads {args.heads} does not divide --d-model {args.d_model}")
+        if args.eval_windows < 0 or args.iters < 1 or args.warmup_iters < 0:
+            p.error("--eval-windows and --warmup-iters must be non-negative, --iters at least 1")
+    if args.weights and args.mode != "lm-eval":
+        p.error(f"positional arguments {args.weights} are lm-eval's weight files; --mode is {args.mode}")
     if args.eval_every < 0:
         p.error(f"--eval-every {args.eval_every}: must be non-negative (0: off)")
     if args.dataset == "idx":
@@ -301,6 +356,124 @@ def load_data(args):
     if args.dataset == "idx":
         return load_idx(args.data_dir)
     return load_digits(args.data) + (64, 10)
+
+
+def gpt_module():
+    """scripts/gpt_twin.py (the twin of `localsgd train --model gpt`), imported on first use."""
+    scripts = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts")
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)
+    import gpt_twin
+    return gpt_twin
+
+
+def text_windows(path, context):
+    """(train windows, validation windows) of `localsgd train --dataset text` (trainer/src/data/
+    text.rs): the first floor(bytes * (1 - 0.1)) bytes train, the rest validate; each part cut
+    into windows of context + 1 bytes at stride context, (part - 1) // context of them; int64
+    [windows, context + 1]."""
+    import numpy as np
+    with open(path, "rb") as f:
+        data = np.frombuffer(f.read(), dtype=np.uint8)
+    cut = min(len(data), math.floor(len(data) * (1.0 - 0.1)))
+
+    def windows(part):
+        n = (len(part) - 1) // context if len(part) > context else 0
+        idx = np.arange(n)[:, None] * context + np.arange(context + 1)[None, :]
+        return torch.from_numpy(part[idx].astype(np.int64)) if n else torch.zeros((0, context + 1), dtype=torch.int64)
+
+    return windows(data[:cut]), windows(data[cut:])
+
+
+def gpt_config(args):
+    return dict(vocab=256, context=args.context, d_model=args.d_model, heads=args.heads, layers=args.layers)
+
+
+def build_gpt(args):
+    """The twin, nanoGPT's init from torch.manual_seed(seed), or --init-weights."""
+    torch.manual_seed(args.seed)
+    model = gpt_module().GPT(**gpt_config(args))
+    if args.init_weights:
+        model.load_state_dict(read_safetensors(args.init_weights), strict=True)
+    return model
+
+
+def gpt_evaluate(model, windows, chunk=256):
+    """(mean next-byte cross-entropy in nats, next-byte accuracy) of `model` over every position
+    of every window, under torch.no_grad (what `localsgd train` reports as the validation loss)."""
+    total, correct, count = 0.0, 0, 0
+    with torch.no_grad():
+        for start in range(0, len(windows), chunk):
+            w = windows[start:start + chunk]
+            logits = model(w[:, :-1])
+            target = w[:, 1:].reshape(-1)
+            flat = logits.reshape(-1, logits.size(-1))
+            total += nn.functional.cross_entropy(flat, target, reduction="sum").item()
+            correct += (flat.argmax(dim=1) == target).sum().item()
+            count += target.numel()
+    return (total / count, correct / count) if count else (0.0, 0.0)
+
+
+def lm_eval(args):
+    """--mode lm-eval: the validation loss of each weight file (the first --eval-windows validation
+    windows, or all); one JSON object: {"results": [{"file", "loss", "bits_per_byte",
+    "accuracy"}], "windows": N}."""
+    torch.set_num_threads(args.threads if args.threads > 0 else 1)
+    _, valid = text_windows(args.text_file, args.context)
+    if args.eval_windows:
+        valid = valid[:args.eval_windows]
+    model = gpt_module().GPT(**gpt_config(args))
+    model.eval()
+    results = []
+    for path in args.weights:
+        model.load_state_dict(read_safetensors(path), strict=True)
+        loss, acc = gpt_evaluate(model, valid)
+        results.append({"file": path, "loss": loss, "bits_per_byte": loss / math.log(2), "accuracy": acc})
+    return {"windows": len(valid), "results": results}
+
+
+def lm_step(args):
+    """--mode lm-step: the twin's bare step (zero_grad, forward, cross-entropy over every position,
+    backward, AdamW step) on one batch of --batch-size training windows, one thread unless
+    --threads; --warmup-iters untimed, then --iters timed one by one. One JSON object."""
+    import statistics
+    threads = args.threads if args.threads > 0 else 1
+    torch.set_num_threads(threads)
+    if args.flush_denormals and not torch.set_flush_denormal(True):
+        raise SystemExit("--flush-denormals: this CPU does not support flushing denormals")
+    train, _ = text_windows(args.text_file, args.context)
+    batch = train[:args.batch_size]
+    model = build_gpt(args)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = model.window_loss(batch)
+        loss.backward()
+        opt.step()
+        return loss
+
+    for _ in range(args.warmup_iters):
+        step()
+    times = []
+    prof = None
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+        prof = profile(activities=[ProfilerActivity.CPU])
+        prof.__enter__()
+    for _ in range(args.iters):
+        t = time.perf_counter()
+        loss = step()
+        times.append((time.perf_counter() - t) * 1e3)
+    if prof is not None:
+        prof.__exit__(None, None, None)
+        with open(args.profile, "w") as f:
+            f.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40) + "\n")
+    return {"side": "pytorch", "torch_version": torch.__version__, "threads": threads,
+            "params": sum(p.numel() for p in model.parameters()), "batch_size": args.batch_size,
+            "config": gpt_config(args), "iters": args.iters, "warmup_iters": args.warmup_iters,
+            "median_ms": statistics.median(times), "mean_ms": statistics.fmean(times), "times_ms": times,
+            "last_loss": loss.item(), "profiled": bool(args.profile)}
 
 
 def data_widths(args):
@@ -523,8 +696,16 @@ def train_worker(rank, args, addr, port, threads, out_path=None):
     # one-time process cost like loading a binary, so pay it before any clock starts.
     importlib.import_module("torch._dynamo")
 
-    x_train, y_train, x_test, y_test, input_dim, classes = load_data(args)
-    widths = [input_dim] + args.hidden_list + [classes]
+    gpt = args.model == "gpt"
+    if gpt:
+        # Windows of the text; a window is its own target (inputs w[:-1], targets w[1:]).
+        x_train, x_test = text_windows(args.text_file, args.context)
+        y_train, y_test = x_train, x_test
+        input_dim, classes, widths = args.context + 1, 256, None
+        curve_windows = x_test[:args.eval_windows] if args.eval_windows else x_test
+    else:
+        x_train, y_train, x_test, y_test, input_dim, classes = load_data(args)
+        widths = [input_dim] + args.hidden_list + [classes]
     world = args.workers
 
     # Scope 1 ("setup"): what localsgd's summary.json wall time also covers -- model init, DDP
@@ -532,7 +713,7 @@ def train_worker(rank, args, addr, port, threads, out_path=None):
     # start, process-group rendezvous or data loading (localsgd loads data before its clock too).
     dist.barrier()
     t_setup = time.perf_counter()
-    model = build_model(args, widths)
+    model = build_gpt(args) if gpt else build_model(args, widths)
     # CPU module: no device_ids; broadcasts rank 0's parameters.
     ddp = DDP(model, bucket_cap_mb=args.bucket_cap_mb)
     averager, outer = None, None
@@ -548,9 +729,18 @@ def train_worker(rank, args, addr, port, threads, out_path=None):
         else:
             outer = OuterStep(ddp.parameters(), args.algorithm, args.period, args.warmup,
                               args.outer_lr, args.outer_momentum, args.outer_nesterov)
-    opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum,
-                          dampening=0.0, nesterov=False)
-    loss_fn = nn.CrossEntropyLoss()
+    if gpt:
+        opt = torch.optim.AdamW(ddp.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    else:
+        opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum,
+                              dampening=0.0, nesterov=False)
+    ce = nn.CrossEntropyLoss()
+
+    def loss_fn(xb, yb):
+        if gpt:  # every position of every window: logits of w[:-1] against w[1:]
+            logits = ddp(xb[:, :-1])
+            return ce(logits.reshape(-1, logits.size(-1)), xb[:, 1:].reshape(-1))
+        return ce(ddp(xb), yb)
 
     class _Len:  # DistributedSampler only needs len(dataset)
         def __len__(self):
@@ -563,6 +753,7 @@ def train_worker(rank, args, addr, port, threads, out_path=None):
     # Scope 2 ("loop"): the training loop only, from a barrier to the last step, less rank 0's
     # evaluations (eval_seconds). iteration_ms: rank 0's zero_grad..averager wall time per step.
     iteration_ms, eval_curve, eval_seconds = [], [], 0.0
+    snapshots = []  # gpt: (iteration, train seconds, rank 0's state), evaluated after the run
     dist.barrier()
     t_loop = time.perf_counter()
     step, epoch = 0, 0
@@ -576,7 +767,7 @@ def train_worker(rank, args, addr, port, threads, out_path=None):
             xb, yb = x_train[b], y_train[b]
             t_it = time.perf_counter()
             opt.zero_grad(set_to_none=True)
-            loss = loss_fn(ddp(xb), yb)
+            loss = loss_fn(xb, yb)
             loss.backward()
             opt.step()
             if averager is not None:
@@ -587,7 +778,13 @@ def train_worker(rank, args, addr, port, threads, out_path=None):
             if rank == 0:
                 t_done = time.perf_counter()
                 iteration_ms.append((t_done - t_it) * 1e3)
-                if args.eval_every > 0 and (step % args.eval_every == 0 or step == args.steps):
+                if gpt and args.eval_every > 0 and (step % args.eval_every == 0 or step == args.steps):
+                    # A copy of rank 0's weights now, evaluated after the run (off every clock; the
+                    # other ranks run on undisturbed), as bench-matrix evaluates ours' checkpoints.
+                    snapshots.append((step, t_done - t_loop - eval_seconds,
+                                      {k: v.detach().clone() for k, v in model.state_dict().items()}))
+                    eval_seconds += time.perf_counter() - t_done
+                elif args.eval_every > 0 and (step % args.eval_every == 0 or step == args.steps):
                     acc, test_loss = evaluate(model, x_test, y_test)
                     eval_curve.append({"iteration": step, "train_seconds": t_done - t_loop - eval_seconds,
                                        "test_accuracy": acc, "test_loss": test_loss})
@@ -596,14 +793,20 @@ def train_worker(rank, args, addr, port, threads, out_path=None):
     last_loss = loss.item()
     loop_seconds = time.perf_counter() - t_loop - eval_seconds
 
-    local_acc = accuracy(model, x_test, y_test)
+    if gpt:
+        local_loss, local_acc = gpt_evaluate(model, x_test)
+    else:
+        local_acc = accuracy(model, x_test, y_test)
     # World-averaged model, evaluated without touching the ranks' own models.
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
     dist.all_reduce(flat)
     flat /= world
-    averaged = Mlp(widths)
+    averaged = gpt_module().GPT(**gpt_config(args)) if gpt else Mlp(widths)
     torch.nn.utils.vector_to_parameters(flat, averaged.parameters())
-    avg_acc = accuracy(averaged, x_test, y_test)
+    if gpt:
+        avg_loss, avg_acc = gpt_evaluate(averaged, x_test)
+    else:
+        avg_acc = accuracy(averaged, x_test, y_test)
     setup_seconds = time.perf_counter() - t_setup - eval_seconds
 
     times = torch.tensor([loop_seconds, setup_seconds], dtype=torch.float64)
@@ -611,6 +814,15 @@ def train_worker(rank, args, addr, port, threads, out_path=None):
     loss_t = torch.tensor([last_loss], dtype=torch.float64)
     dist.all_reduce(loss_t)
     result = None
+    if rank == 0 and gpt:
+        # Rank 0's weights at each evaluation point, on the first --eval-windows validation
+        # windows (bench-matrix evaluates ours' checkpoints with the same function).
+        curve_model = gpt_module().GPT(**gpt_config(args))
+        for it, secs, state in snapshots:
+            curve_model.load_state_dict(state)
+            test_loss, acc = gpt_evaluate(curve_model, curve_windows)
+            eval_curve.append({"iteration": it, "train_seconds": secs, "test_accuracy": acc,
+                               "test_loss": test_loss})
     if rank == 0:
         slow_loop, slow_setup = times.tolist()
         # Numerator as localsgd's summary.json: samples = sum over ranks of batch_size per
@@ -666,6 +878,17 @@ def train_worker(rank, args, addr, port, threads, out_path=None):
             "eval_seconds": eval_seconds,
             "eval_curve": eval_curve,
         }
+        if gpt:
+            result.update({
+                "model": "gpt", "gpt": gpt_config(args), "dataset": "text", "data": args.text_file,
+                "params": sum(p.numel() for p in model.parameters()),
+                "optimizer": "adamw", "weight_decay": args.weight_decay,
+                "tokens": samples * args.context,
+                "tokens_per_second": samples * args.context / slow_loop,
+                # The world-averaged model on every validation window (nats per byte).
+                "test_loss": avg_loss, "test_bits_per_byte": avg_loss / math.log(2),
+                "rank0_test_loss": local_loss, "eval_windows": len(curve_windows),
+            })
         if out_path:
             with open(out_path, "w") as f:
                 json.dump(result, f)
@@ -722,6 +945,15 @@ def exit_after(rank, worker, *rest):
 
 def main(argv):
     args = parse_args(argv)
+    if args.mode in ("lm-eval", "lm-step"):
+        print(json.dumps(lm_eval(args) if args.mode == "lm-eval" else lm_step(args)))
+        return 0
+    if args.save_init and args.model == "gpt":
+        model = build_gpt(args)
+        write_safetensors(args.save_init, model.state_dict())
+        print(json.dumps({"saved_init": args.save_init, "seed": args.seed, "gpt": gpt_config(args),
+                          "params": sum(p.numel() for p in model.parameters())}))
+        return 0
     if args.save_init:
         try:
             widths = data_widths(args)

@@ -151,11 +151,11 @@ fn the_first_run_prints_what_the_quickstart_and_readme_show() {
     }
 }
 
-/// The `compare` tables of the Performance chapter: algorithm, test accuracy, bytes and
+/// The `compare` tables of the binary chapter: algorithm, test accuracy, bytes and
 /// collectives (not the wall time).
 #[test]
-fn compare_prints_what_the_performance_chapter_shows() {
-    let chapter = read("book/src/performance.md");
+fn compare_prints_what_the_binary_chapter_shows() {
+    let chapter = read("book/src/binary.md");
     let dir = tempfile::tempdir().unwrap();
     for (args, marker) in [
         (
