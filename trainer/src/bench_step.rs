@@ -27,14 +27,14 @@ pub(crate) struct BenchStepFlags {
     /// Start training again every this many iterations (warm-up ones included): the initial
     /// weights, a fresh optimizer, the first batch. The steps measured are then those of runs
     /// this long, as a benchmark's short runs take them; 0: never. A long run can reach
-    /// subnormal floats, which x86 CPUs compute many times slower: on an Intel Xeon VM the
-    /// Fashion-MNIST MLP's step read 0.88 ms over 200 iterations and 1.98 ms over 3,000.
+    /// subnormal floats, which x86 CPUs compute many times slower (book: Performance, "A
+    /// finding: burn's step slows down in long runs").
     #[arg(long, default_value_t = 0)]
     restart_every: usize,
     /// Spin this many microseconds before each step, off the clock, as a rank waits in its
     /// collectives between two steps (0: none; at most 1,000,000). A step that follows a wait
-    /// can be slower than one that follows another step: on a 2-vCPU VM the Fashion-MNIST
-    /// MLP's step read 0.91 ms back to back and 1.81 ms after 20 ms of spinning.
+    /// can be slower than one that follows another step
+    /// (bench/results/2026-12-05-step-gap-sweep/).
     #[arg(long, default_value_t = 0)]
     gap_us: u64,
     /// Also write the result as JSON to this file.
