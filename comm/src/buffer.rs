@@ -16,6 +16,9 @@ pub enum ElementType {
     BF16,
     /// Unsigned 64-bit integers (all-gather of flags and fingerprints).
     U64,
+    /// Bytes ([`ProcessGroup::all_gather_bytes`](crate::ProcessGroup::all_gather_bytes):
+    /// compressed payloads, opaque to the backend).
+    U8,
 }
 
 impl ElementType {
@@ -25,6 +28,7 @@ impl ElementType {
             ElementType::F32 => 4,
             ElementType::F64 | ElementType::U64 => 8,
             ElementType::F16 | ElementType::BF16 => 2,
+            ElementType::U8 => 1,
         }
     }
 }
@@ -37,6 +41,7 @@ impl fmt::Display for ElementType {
             ElementType::F16 => "f16",
             ElementType::BF16 => "bf16",
             ElementType::U64 => "u64",
+            ElementType::U8 => "u8",
         })
     }
 }

@@ -55,6 +55,19 @@ pub enum CommError {
         /// The group size.
         size: usize,
     },
+    /// An output buffer whose length does not fit the collective (for
+    /// [`all_gather_bytes`](crate::ProcessGroup::all_gather_bytes): group size x the local
+    /// length). Checked on this rank before any communication, so this rank does not take part
+    /// in the collective.
+    #[error("{call}: the output buffer has length {actual}, but the collective needs {expected}")]
+    OutputLength {
+        /// The collective that was called.
+        call: String,
+        /// The length the collective needs.
+        expected: usize,
+        /// The length passed.
+        actual: usize,
+    },
     /// A world or group configuration that cannot work (zero workers, bad host list, ...).
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),

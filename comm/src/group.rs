@@ -40,6 +40,21 @@ pub trait ProcessGroup: Send + Sync + Debug {
     /// Gather a small vector from every rank (all ranks pass the same length); returns the
     /// concatenation in group-rank order. Meant for flags and fingerprints, not bulk data.
     fn all_gather_u64(&self, local: &[u64]) -> Result<Vec<u64>, CommError>;
+    /// Gather `local` from every rank: `out` (length `size() * local.len()`; every rank passes
+    /// the same `local.len()`) receives rank r's bytes at `r * local.len()..`, in group-rank
+    /// order. For bulk data whose sum would overflow or mean nothing: compressed (quantized,
+    /// sparse) pseudo-gradients, decoded and combined by each rank.
+    ///
+    /// - Traffic: one collective of `local.len()` bytes, counted as data
+    ///   ([`Traffic::data_bytes`]): the bytes this rank contributes, as an all-reduce counts
+    ///   its buffer (a ring moves `(size() - 1) * local.len()` bytes per rank; see
+    ///   [`CallSignature::payload_bytes`]).
+    /// - Errors: an `out` of another length is [`CommError::OutputLength`] naming both
+    ///   lengths, returned before any communication (this rank then does not take part). Ranks
+    ///   passing different `local.len()` get [`CommError::Mismatch`] where the backend checks
+    ///   signatures (the signature is [`CallSignature::all_gather_bytes`]); a failed peer or a
+    ///   timeout is an error, as for every collective.
+    fn all_gather_bytes(&self, local: &[u8], out: &mut [u8]) -> Result<(), CommError>;
 
     /// Collectively split this group: ranks passing the same `color` form one new group, ordered
     /// by their rank in this group. Returns this rank's new group.
@@ -109,6 +124,27 @@ pub fn validate_subgroup_size(size: usize, group_size: usize) -> Result<(), Comm
         )));
     }
     Ok(())
+}
+
+/// Check the output buffer of an [`all_gather_bytes`](ProcessGroup::all_gather_bytes) on a
+/// group of `group_size` ranks: `out_len` must be `group_size * local_len`
+/// ([`CommError::OutputLength`] for `call` otherwise). For backends, before any communication.
+pub fn validate_gather_output(
+    call: &CallSignature,
+    group_size: usize,
+    local_len: usize,
+    out_len: usize,
+) -> Result<(), CommError> {
+    // Saturating: a product past usize::MAX is no buffer's length, so still a mismatch.
+    let expected = group_size.saturating_mul(local_len);
+    if out_len == expected {
+        return Ok(());
+    }
+    Err(CommError::OutputLength {
+        call: format!("{call} on {group_size} ranks"),
+        expected,
+        actual: out_len,
+    })
 }
 
 /// Typed conveniences over [`ProcessGroup`] for `&mut [f32]`, `&mut [f64]`, ...

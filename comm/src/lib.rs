@@ -1,7 +1,8 @@
 //! # localsgd-comm
 //!
 //! Process groups for data-parallel training: in-place all-reduce (sum, mean, max, min),
-//! broadcast, barrier, a small all-gather, and subgroups (contiguous blocks, arbitrary colors, the
+//! broadcast, barrier, a small `u64` all-gather, a bulk all-gather of byte messages (compressed
+//! payloads), and subgroups (contiguous blocks, arbitrary colors, the
 //! intra-node group). The embedded backend runs W workers as threads of one process
 //! ([`ThreadWorld`]); MPI and NCCL backends implement the same [`ProcessGroup`] trait.
 //!
@@ -49,7 +50,7 @@ pub use self::mpi::{MpiConfig, MpiGroup, MpiWorld};
 pub use self::nccl::{NcclConfig, NcclGroup, NcclWorld};
 pub use buffer::{BufferMut, Element, ElementType};
 pub use error::CommError;
-pub use group::{Group, GroupExt, ProcessGroup, validate_subgroup_size};
+pub use group::{Group, GroupExt, ProcessGroup, validate_gather_output, validate_subgroup_size};
 pub use nonblocking::{AsyncGroup, Pending};
 pub use precision::{Precision, average_compressed, round_to};
 pub use signature::{CallSignature, CollectiveKind, ReduceOp};

@@ -4,8 +4,10 @@
 //! ranks of a group and one helper thread that drives it. [`AsyncGroup::start_all_reduce`] hands
 //! an owned buffer to the helper and returns at once with a [`Pending`] handle; [`Pending::wait`]
 //! gives the reduced buffer back (the same allocation: the collective works in place), and
-//! [`Pending::test`] asks without blocking. Meanwhile the calling thread keeps computing and may
-//! issue collectives on the original group: the two communicators never share a queue.
+//! [`Pending::test`] asks without blocking. [`AsyncGroup::start_all_gather_bytes`] does the same
+//! for a byte all-gather (compressed payloads); its wait gives the gathered bytes of every rank.
+//! Meanwhile the calling thread keeps computing and may issue collectives on the original group:
+//! the two communicators never share a queue.
 //!
 //! The guarantees are the blocking ones, because the helper runs the backend's own blocking
 //! collective: mismatch detection, [`CommError::PeerFailed`] / [`CommError::Timeout`] naming
@@ -135,12 +137,33 @@ impl AsyncGroup {
     /// Start an all-reduce of `buf` with `op`; returns at once.
     pub fn start_all_reduce<T: Element>(
         &mut self,
-        buf: Vec<T>,
+        mut buf: Vec<T>,
         op: ReduceOp,
     ) -> Result<Pending<T>, CommError> {
         let sig = CallSignature::all_reduce(op, T::TYPE, buf.len());
-        self.submit(sig, buf, move |side, buf| {
-            side.all_reduce(T::buffer(buf), op)
+        self.submit(sig, move |side| {
+            let outcome = side.all_reduce(T::buffer(&mut buf), op);
+            (buf, outcome)
+        })
+    }
+
+    /// Start an all-gather of `local` (see
+    /// [`ProcessGroup::all_gather_bytes`](crate::ProcessGroup::all_gather_bytes)); returns at
+    /// once. [`Pending::wait`] gives back the gathered bytes: `size * local.len()` of them,
+    /// rank r's at `r * local.len()..`. Charged to the group's traffic now, as the blocking call
+    /// counts it (`local.len()` bytes of data).
+    pub fn start_all_gather_bytes(&mut self, local: Vec<u8>) -> Result<Pending<u8>, CommError> {
+        let sig = CallSignature::all_gather_bytes(local.len());
+        let total = self.parent.size().checked_mul(local.len()).ok_or_else(|| {
+            CommError::InvalidConfig(format!(
+                "{sig} on {} ranks: the gathered bytes exceed the address space",
+                self.parent.size()
+            ))
+        })?;
+        self.submit(sig, move |side| {
+            let mut out = vec![0u8; total];
+            let outcome = side.all_gather_bytes(&local, &mut out);
+            (out, outcome)
         })
     }
 
@@ -154,17 +177,17 @@ impl AsyncGroup {
         self.start_all_reduce(buf, ReduceOp::Sum)
     }
 
-    fn submit<T: Element>(
+    /// Queue `run` (on the helper: the collective, returning its result buffer and outcome)
+    /// and charge `sig` to the group now.
+    fn submit<T: Send + 'static>(
         &mut self,
         sig: CallSignature,
-        mut buf: Vec<T>,
-        run: impl FnOnce(&Group, &mut [T]) -> Result<(), CommError> + Send + 'static,
+        run: impl FnOnce(&Group) -> (Vec<T>, Result<(), CommError>) + Send + 'static,
     ) -> Result<Pending<T>, CommError> {
         let (done, result) = mpsc::sync_channel(1);
         let job: Job = Box::new(move |side| {
-            let outcome = run(side, &mut buf);
             // The receiver is gone only if the handle was dropped unwaited: nothing to tell.
-            let _ = done.send((buf, outcome));
+            let _ = done.send(run(side));
         });
         let stopped = || CommError::Backend {
             backend: self.parent.backend(),
@@ -237,7 +260,7 @@ pub struct Pending<T> {
     index: u64,
 }
 
-impl<T: Element> Pending<T> {
+impl<T> Pending<T> {
     /// What this collective is.
     pub fn signature(&self) -> CallSignature {
         self.sig
@@ -258,7 +281,8 @@ impl<T: Element> Pending<T> {
         self.done.is_some()
     }
 
-    /// Block until it completes; the buffer comes back with the result.
+    /// Block until it completes; the buffer comes back with the result (for an all-gather, the
+    /// gathered bytes).
     pub fn wait(mut self) -> Result<Vec<T>, CommError> {
         let (buf, outcome) = match self.done.take() {
             Some(done) => done,

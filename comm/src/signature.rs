@@ -41,6 +41,9 @@ pub enum CollectiveKind {
     Barrier,
     /// All-gather of a small per-rank vector.
     AllGather,
+    /// All-gather of equal-length byte messages (bulk data,
+    /// [`ProcessGroup::all_gather_bytes`](crate::ProcessGroup::all_gather_bytes)).
+    AllGatherBytes,
     /// Collective creation of subgroups.
     Split,
 }
@@ -89,6 +92,14 @@ impl CallSignature {
             len,
         }
     }
+    /// Signature of an all-gather of `len` bytes per rank.
+    pub fn all_gather_bytes(len: usize) -> Self {
+        Self {
+            kind: CollectiveKind::AllGatherBytes,
+            element: Some(ElementType::U8),
+            len,
+        }
+    }
     /// Signature of a subgroup split.
     pub fn split() -> Self {
         Self {
@@ -98,7 +109,10 @@ impl CallSignature {
         }
     }
 
-    /// Bytes of payload this rank contributes.
+    /// Bytes of payload this rank contributes: its buffer's length times the element size. For
+    /// an all-reduce or a broadcast that is the buffer, for an all-gather this rank's own part
+    /// (`len` bytes of an [`all_gather_bytes`](Self::all_gather_bytes), not the `size * len`
+    /// it receives) — what the traffic counters add up.
     pub fn payload_bytes(&self) -> u64 {
         (self.len * self.element.map_or(0, ElementType::size_bytes)) as u64
     }
@@ -119,6 +133,7 @@ impl CallSignature {
             CollectiveKind::Barrier => (3, 0),
             CollectiveKind::AllGather => (4, 0),
             CollectiveKind::Split => (5, 0),
+            CollectiveKind::AllGatherBytes => (6, 0),
         };
         let element = match self.element {
             None => 0,
@@ -127,6 +142,7 @@ impl CallSignature {
             Some(ElementType::F16) => 3,
             Some(ElementType::BF16) => 4,
             Some(ElementType::U64) => 5,
+            Some(ElementType::U8) => 6,
         };
         [kind << 32 | arg, element, self.len as u64]
     }
@@ -146,6 +162,7 @@ impl CallSignature {
             3 => CollectiveKind::Barrier,
             4 => CollectiveKind::AllGather,
             5 => CollectiveKind::Split,
+            6 => CollectiveKind::AllGatherBytes,
             _ => return None,
         };
         let element = match words[1] {
@@ -155,6 +172,7 @@ impl CallSignature {
             3 => Some(ElementType::F16),
             4 => Some(ElementType::BF16),
             5 => Some(ElementType::U64),
+            6 => Some(ElementType::U8),
             _ => return None,
         };
         Some(Self {
@@ -177,6 +195,7 @@ impl fmt::Display for CallSignature {
             }
             CollectiveKind::Barrier => f.write_str("barrier()"),
             CollectiveKind::AllGather => write!(f, "all_gather(u64 x {})", self.len),
+            CollectiveKind::AllGatherBytes => write!(f, "all_gather_bytes(u8 x {})", self.len),
             CollectiveKind::Split => f.write_str("new_subgroups/split()"),
         }
     }

@@ -1,6 +1,13 @@
 //! Per-group traffic accounting: number of collectives and payload bytes, with the model and
-//! gradient data (float all-reduces and broadcasts) counted apart from control traffic (the
-//! `u64` all-gathers that agree on flags and fingerprints).
+//! gradient data (float all-reduces and broadcasts, byte all-gathers of compressed payloads)
+//! counted apart from control traffic (the `u64` all-gathers that agree on flags and
+//! fingerprints).
+//!
+//! What a collective adds is [`CallSignature::payload_bytes`]: the bytes *this rank contributes*
+//! (its buffer), not what the algorithm moves over the wire. An all-reduce of `n` bytes counts
+//! `n` (a ring moves about `2 (size - 1) / size * n` per rank); an all-gather of `len` bytes per
+//! rank counts `len` (a ring moves `(size - 1) * len` per rank, and each rank receives
+//! `size * len`).
 
 use crate::buffer::ElementType;
 use crate::signature::CallSignature;
@@ -14,11 +21,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub struct Traffic {
     /// Collectives this rank issued on the group (and on subgroups created from it).
     pub collectives: u64,
-    /// Payload bytes this rank contributed to those collectives (buffer length x element size).
+    /// Payload bytes this rank contributed to those collectives (buffer length x element size;
+    /// for an all-gather, this rank's own part: see [`CallSignature::payload_bytes`]).
     pub bytes: u64,
-    /// The part of `bytes` that is float data (all-reduces and broadcasts of `f32`, `f64`, `f16`,
-    /// `bf16` buffers: gradients, parameters, losses). The rest is control traffic: `u64`
-    /// all-gathers (has-data flags, parameter-set fingerprints, subgroup creation).
+    /// The part of `bytes` that is bulk data: all-reduces and broadcasts of `f32`, `f64`, `f16`,
+    /// `bf16` buffers (gradients, parameters, losses) and byte all-gathers
+    /// ([`all_gather_bytes`](crate::ProcessGroup::all_gather_bytes): compressed
+    /// pseudo-gradients). The rest is control traffic: `u64` all-gathers (has-data flags,
+    /// parameter-set fingerprints, subgroup creation).
     pub data_bytes: u64,
 }
 
@@ -110,9 +120,13 @@ impl TrafficChain {
     pub fn record(&self, sig: &CallSignature) {
         let bytes = sig.payload_bytes();
         let data = match sig.element {
-            Some(ElementType::F32 | ElementType::F64 | ElementType::F16 | ElementType::BF16) => {
-                bytes
-            }
+            Some(
+                ElementType::F32
+                | ElementType::F64
+                | ElementType::F16
+                | ElementType::BF16
+                | ElementType::U8,
+            ) => bytes,
             Some(ElementType::U64) | None => 0,
         };
         for c in &self.counters {

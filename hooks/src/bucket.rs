@@ -90,9 +90,9 @@ impl BucketData {
             (_, ElementType::BF16) => {
                 BucketData::BF16(self.to_f64_vec().into_iter().map(bf16::from_f64).collect())
             }
-            (_, ElementType::U64) => {
+            (_, ElementType::U64 | ElementType::U8) => {
                 return Err(HookError::InvalidBucket(format!(
-                    "cannot cast {} gradients to u64 (valid: f32, f64, f16, bf16)",
+                    "cannot cast {} gradients to {target} (valid: f32, f64, f16, bf16)",
                     self.element_type()
                 )));
             }

@@ -135,6 +135,43 @@ pub(crate) fn all_gather_u64(
     Ok(out)
 }
 
+/// A committed datatype of `count` bytes whose extent is `stride` bytes: as an all-gather's
+/// receive type (count 1), it puts rank r's piece at `r * stride` from the receive address, so
+/// that piece k of every rank's message lands in its place in the gathered buffer. Freed when
+/// dropped.
+pub(crate) struct StridedBytes(pub ffi::MPI_Datatype);
+
+impl StridedBytes {
+    pub(crate) fn new(count: c_int, stride: usize) -> Result<Self, CommError> {
+        // A slice's length fits isize (MPI_Aint), so `stride` converts exactly.
+        let extent = stride as ffi::MPI_Aint;
+        // SAFETY: zeroed handles are overwritten by MPI on success.
+        let mut piece: ffi::MPI_Datatype = unsafe { std::mem::zeroed() };
+        // SAFETY: predefined element type, valid out-pointer.
+        let rc = unsafe { ffi::MPI_Type_contiguous(count, ffi::RSMPI_UINT8_T, &mut piece) };
+        check(rc, || format!("MPI_Type_contiguous of {count} bytes"))?;
+        // SAFETY: as above.
+        let mut strided: ffi::MPI_Datatype = unsafe { std::mem::zeroed() };
+        // SAFETY: `piece` is a valid datatype; lower bound 0, extent `stride`.
+        let rc = unsafe { ffi::MPI_Type_create_resized(piece, 0, extent, &mut strided) };
+        // SAFETY: `piece` was created above; a datatype built from it is not affected.
+        unsafe { ffi::MPI_Type_free(&mut piece) };
+        check(rc, || format!("MPI_Type_create_resized to {stride} bytes"))?;
+        let mut ty = Self(strided);
+        // SAFETY: a valid, uncommitted datatype.
+        let rc = unsafe { ffi::MPI_Type_commit(&mut ty.0) };
+        check(rc, || "MPI_Type_commit".into())?;
+        Ok(ty)
+    }
+}
+
+impl Drop for StridedBytes {
+    fn drop(&mut self) {
+        // SAFETY: created in `new`, freed once; MPI keeps it alive for pending operations.
+        unsafe { ffi::MPI_Type_free(&mut self.0) };
+    }
+}
+
 /// Tag of [`connect_all`]'s messages (completed before `MpiWorld::init` returns, so they meet
 /// no other message).
 const CONNECT_TAG: c_int = 0x4c53;

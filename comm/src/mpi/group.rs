@@ -1,11 +1,11 @@
 //! `MpiGroup`: one process's handle on an MPI communicator.
 
-use super::ffi::{self as mffi, Comm, MAX_COUNT, check};
+use super::ffi::{self as mffi, Comm, MAX_COUNT, StridedBytes, check};
 use super::ops::MpiElement;
 use super::{MpiConfig, Runtime};
 use crate::buffer::{BufferMut, with_typed_slice};
 use crate::error::CommError;
-use crate::group::{Group, ProcessGroup};
+use crate::group::{Group, ProcessGroup, validate_gather_output};
 use crate::signature::{CallSignature, ReduceOp};
 use crate::traffic::{Traffic, TrafficChain};
 use crate::watchdog::What;
@@ -342,6 +342,92 @@ impl MpiGroup {
     }
 }
 
+impl MpiGroup {
+    /// One piece of an all-gather of `stride` bytes per rank: every rank's `send` (bytes
+    /// `offset..offset + send.len()` of its message) lands at `r * stride + offset` in `out`. A
+    /// whole message travels as plain bytes; a part of one, through a [`StridedBytes`] receive
+    /// type. On a dedicated communicator, `MPI_Iallgather` polled like its all-reduce pieces.
+    fn gather_piece(
+        &self,
+        send: &[u8],
+        out: &mut [u8],
+        offset: usize,
+        stride: usize,
+        sig: &CallSignature,
+    ) -> Result<(), CommError> {
+        // At most MAX_COUNT bytes per piece (the caller cuts them so).
+        let count = send.len() as c_int;
+        let strided = if send.len() == stride {
+            None
+        } else {
+            Some(StridedBytes::new(count, stride)?)
+        };
+        let (recv_count, recv_type) = match &strided {
+            Some(t) => (1, t.0),
+            // SAFETY: reading an rsmpi-exported constant.
+            None => (count, unsafe { ffi::RSMPI_UINT8_T }),
+        };
+        // In bounds: rank r's piece ends at r * stride + offset + count <= size * stride.
+        let mut recv = out[offset..].as_mut_ptr() as *mut c_void;
+        let mut sendbuf = send.as_ptr() as *const c_void;
+        // An empty slice's address is dangling: for bytes it is 1, Open MPI's MPI_IN_PLACE. An
+        // empty message still takes part (every rank synchronises), from real addresses.
+        let no_send = 0u8;
+        let mut no_recv = 0u8;
+        if send.is_empty() {
+            sendbuf = &no_send as *const u8 as *const c_void;
+            recv = &mut no_recv as *mut u8 as *mut c_void;
+        }
+        // SAFETY (both calls): `send` holds `count` bytes; `out` holds `size * stride` bytes
+        // and the receive type places each rank's `count` bytes inside it (see above); the
+        // buffers do not overlap (`&` and `&mut`).
+        if let Some(interval) = self.poll {
+            // SAFETY: see above; the request is completed by `wait_polling` before the
+            // buffers are released.
+            let mut request: ffi::MPI_Request = unsafe { std::mem::zeroed() };
+            let rc = unsafe {
+                ffi::MPI_Iallgather(
+                    sendbuf,
+                    count,
+                    ffi::RSMPI_UINT8_T,
+                    recv,
+                    recv_count,
+                    recv_type,
+                    self.comm.0,
+                    &mut request,
+                )
+            };
+            self.check(rc, sig, "MPI_Iallgather")?;
+            self.wait_polling(&mut request, interval, sig)
+        } else {
+            // SAFETY: see above.
+            let rc = unsafe {
+                ffi::MPI_Allgather(
+                    sendbuf,
+                    count,
+                    ffi::RSMPI_UINT8_T,
+                    recv,
+                    recv_count,
+                    recv_type,
+                    self.comm.0,
+                )
+            };
+            self.check(rc, sig, "MPI_Allgather")
+        }
+    }
+}
+
+/// Bytes per rank in one all-gather piece: on a dedicated communicator, [`PIECE_BYTES`] gathered
+/// in all (split among the ranks, at least 1 each), as its all-reduce pieces; otherwise as much as
+/// one call takes ([`MAX_COUNT`]: MPI counts are `int`s).
+fn gather_piece_len(dedicated: bool, size: usize) -> usize {
+    if dedicated {
+        (PIECE_BYTES / size.max(1)).clamp(1, MAX_COUNT)
+    } else {
+        MAX_COUNT
+    }
+}
+
 /// Elements of `T` in one all-reduce piece: as many as fit in [`PIECE_BYTES`] (at least one).
 fn piece_len<T>() -> usize {
     (PIECE_BYTES / std::mem::size_of::<T>()).clamp(1, MAX_COUNT)
@@ -411,6 +497,29 @@ impl ProcessGroup for MpiGroup {
     fn all_gather_u64(&self, local: &[u64]) -> Result<Vec<u64>, CommError> {
         let sig = CallSignature::all_gather(local.len());
         self.collective(sig, || mffi::all_gather_u64(self.comm, local, self.size()))
+    }
+
+    /// `MPI_Allgather` of the bytes (`MPI_UINT8_T`) straight into `out`, in one call up to
+    /// `i32::MAX` bytes per rank and in pieces beyond; on a [dedicated](ProcessGroup::dedicated)
+    /// communicator, `MPI_Iallgather` pieces polled like its all-reduce's.
+    fn all_gather_bytes(&self, local: &[u8], out: &mut [u8]) -> Result<(), CommError> {
+        let len = local.len();
+        let sig = CallSignature::all_gather_bytes(len);
+        let size = self.size();
+        validate_gather_output(&sig, size, len, out.len())?;
+        let piece = gather_piece_len(self.poll.is_some(), size);
+        self.collective(sig, || {
+            // At least one call, for an empty message too: every rank takes part.
+            let mut offset = 0;
+            loop {
+                let end = len.min(offset + piece);
+                self.gather_piece(&local[offset..end], out, offset, len, &sig)?;
+                offset = end;
+                if offset >= len {
+                    return Ok(());
+                }
+            }
+        })
     }
 
     /// `MPI_Comm_split` after an all-gather of the colors (MPI colors are non-negative `int`s,

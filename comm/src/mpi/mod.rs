@@ -7,6 +7,10 @@
 //!   16-bit words and are reduced by user-defined operations with IEEE half rounding per
 //!   addition (no conversion copy); see the `ops` module notes. A mean is a sum followed by a
 //!   division on each rank, as in the thread backend.
+//! - [`all_gather_bytes`](ProcessGroup::all_gather_bytes) is `MPI_Allgather` of `MPI_UINT8_T`
+//!   straight into the caller's buffer: one call up to `i32::MAX` bytes per rank, pieces (a
+//!   strided receive datatype) beyond, and on a dedicated communicator polled
+//!   `MPI_Iallgather` pieces like its all-reduce's.
 //! - Subgroups: [`split`](ProcessGroup::split) is `MPI_Comm_split`, blocks
 //!   ([`new_subgroups`](ProcessGroup::new_subgroups)) are a split by `rank / size`, and
 //!   [`intra_node`](ProcessGroup::intra_node) is `MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)`;

@@ -3,12 +3,12 @@
 
 use super::library::{
     self as lib, NCCL_BFLOAT16, NCCL_FLOAT16, NCCL_FLOAT32, NCCL_FLOAT64, NCCL_IN_PROGRESS,
-    NCCL_MAX, NCCL_MIN, NCCL_SUCCESS, NCCL_SUM, NCCL_UINT64, Nccl,
+    NCCL_MAX, NCCL_MIN, NCCL_SUCCESS, NCCL_SUM, NCCL_UINT8, NCCL_UINT64, Nccl,
 };
 use super::{NcclConfig, Runtime, watchdog};
 use crate::buffer::{BufferMut, Element, with_typed_slice};
 use crate::error::CommError;
-use crate::group::{Group, ProcessGroup};
+use crate::group::{Group, ProcessGroup, validate_gather_output};
 use crate::signature::{CallSignature, ReduceOp};
 use crate::traffic::{Traffic, TrafficChain};
 use crate::watchdog::What;
@@ -844,6 +844,37 @@ impl ProcessGroup for NcclGroup {
     fn all_gather_u64(&self, local: &[u64]) -> Result<Vec<u64>, CommError> {
         let sig = CallSignature::all_gather(local.len());
         self.collective(sig, |st| self.gather_words(st, local, &sig))
+    }
+
+    /// `ncclAllGather` of `ncclUint8` through the copy buffer: `local` and the gathered bytes
+    /// side by side on the device, one copy in, one copy of all `size * local.len()` out.
+    fn all_gather_bytes(&self, local: &[u8], out: &mut [u8]) -> Result<(), CommError> {
+        let len = local.len();
+        let sig = CallSignature::all_gather_bytes(len);
+        validate_gather_output(&sig, self.size(), len, out.len())?;
+        self.collective(sig, |st| {
+            if len == 0 {
+                return Ok(());
+            }
+            let recv_at = align(len);
+            let base = self.scratch(st, recv_at + out.len(), &sig)?;
+            self.h2d(st, base, local, &sig)?;
+            // SAFETY: send region [base, base + len) and receive region [base + recv_at,
+            // + len * size) lie inside the scratch buffer and do not overlap.
+            let rc = unsafe {
+                (self.nccl().all_gather)(
+                    base as *const c_void,
+                    (base + recv_at as u64) as *mut c_void,
+                    len,
+                    NCCL_UINT8,
+                    self.comm.0,
+                    st.stream.cu_stream() as lib::Stream,
+                )
+            };
+            self.check_nccl(st, rc, &sig, "ncclAllGather")?;
+            self.wait(st, &sig)?;
+            self.d2h(st, out, base + recv_at as u64, &sig)
+        })
     }
 
     /// An all-gather of the colors, then `ncclCommSplit` (or, before NCCL 2.18, fresh unique

@@ -32,6 +32,7 @@ pub(crate) const NCCL_SUCCESS: c_int = 0;
 pub(crate) const NCCL_IN_PROGRESS: c_int = 7;
 
 /// `ncclDataType_t` values (stable since NCCL 2.0; bf16 since 2.10).
+pub(crate) const NCCL_UINT8: c_int = 1;
 pub(crate) const NCCL_UINT64: c_int = 5;
 pub(crate) const NCCL_FLOAT16: c_int = 6;
 pub(crate) const NCCL_FLOAT32: c_int = 7;

@@ -4,7 +4,7 @@ use super::reduce::{chunk, reduce_chunk};
 use super::rendezvous::{Rendezvous, Slot};
 use crate::buffer::{BufferMut, Element, with_typed_slice};
 use crate::error::CommError;
-use crate::group::{Group, ProcessGroup};
+use crate::group::{Group, ProcessGroup, validate_gather_output};
 use crate::signature::{CallSignature, ReduceOp};
 use crate::traffic::{Traffic, TrafficChain};
 use std::fmt;
@@ -228,6 +228,26 @@ impl ProcessGroup for ThreadGroup {
                 out.extend_from_slice(unsafe { std::slice::from_raw_parts(a as *const u64, len) });
             }
             out
+        })
+    }
+
+    /// Each rank copies every peer's published `local` straight into its own `out` (one
+    /// `memcpy` per peer, no lock, no central copy); the exit barrier keeps the peers' buffers
+    /// alive until every rank has copied.
+    fn all_gather_bytes(&self, local: &[u8], out: &mut [u8]) -> Result<(), CommError> {
+        let len = local.len();
+        let sig = CallSignature::all_gather_bytes(len);
+        validate_gather_output(&sig, self.shared.size, len, out.len())?;
+        self.collective(sig, local.as_ptr() as usize, |addrs| {
+            if len == 0 {
+                return;
+            }
+            for (&a, dst) in addrs.iter().zip(out.chunks_exact_mut(len)) {
+                // SAFETY: each peer's `local` has `len` bytes (signatures agree) and is only
+                // read until the exit barrier; `dst` is part of this rank's own `out`, which no
+                // peer sees.
+                dst.copy_from_slice(unsafe { std::slice::from_raw_parts(a as *const u8, len) });
+            }
         })
     }
 

@@ -3,10 +3,10 @@
 //!
 //! Modes (first argument):
 //! - `check [--no-signature-check] [--no-preconnect] [--expect-hosts N] [--expect-tcp-links N]`:
-//!   every collective, subgroups (blocks, colors, intra-node), traffic counters, the TCP links
-//!   asked of Open MPI (default 2), (with signature checks, the default) mismatch detection, and
-//!   (with start-up's connection set-up, the default) that no TCP connection opened after
-//!   start-up. Prints `PASS ...` lines, `FAIL ...` lines for failures, and finally `ALL PASS`
+//!   every collective (the byte all-gather too), subgroups (blocks, colors, intra-node), traffic
+//!   counters, the TCP links asked of Open MPI (default 2), (with signature checks, the
+//!   default) mismatch detection, and (with start-up's connection set-up, the default) that no
+//!   TCP connection opened after start-up. Prints `PASS ...` lines, `FAIL ...` lines for failures, and finally `ALL PASS`
 //!   (rank 0) or exits with code 1.
 //! - `kill-rank R`: rank R kills itself with SIGKILL after one all-reduce; the others keep
 //!   all-reducing (the job must end, non-zero).
@@ -423,11 +423,49 @@ fn collectives(c: &mut Checker, g: &Group) {
         let want: Vec<u64> = (0..size as u64).flat_map(|r| [r, r * 100]).collect();
         c.check("all_gather_u64", all == want, || format!("{all:?}"));
     }
+    gather_bytes(c, g);
     let t = g.all_true(true);
     let f = g.all_true(rank != size - 1);
     c.check("all_true", t == Ok(true) && f == Ok(false), || {
         format!("{t:?} {f:?}")
     });
+}
+
+/// Byte `i` of rank `r`'s message in the byte all-gather checks (distinct per rank).
+fn gather_byte(r: usize, i: usize) -> u8 {
+    (r * 97 + i * 31 + i / 256) as u8
+}
+
+/// What every rank's `all_gather_bytes` of `len` bytes per rank must give.
+fn gathered(size: usize, len: usize) -> Vec<u8> {
+    (0..size)
+        .flat_map(|r| (0..len).map(move |i| gather_byte(r, i)))
+        .collect()
+}
+
+/// `all_gather_bytes`: distinct bytes per rank for several lengths (empty, one, odd, 1 MiB),
+/// compared on every rank; a wrong output length is refused before communicating.
+fn gather_bytes(c: &mut Checker, g: &Group) {
+    let (rank, size) = (g.rank(), g.size());
+    for len in [0, 1, 1000, 1 << 20] {
+        let name = format!("all_gather_bytes {len}");
+        let local: Vec<u8> = (0..len).map(|i| gather_byte(rank, i)).collect();
+        let mut out = vec![0xAAu8; size * len];
+        if c.ok(&name, g.all_gather_bytes(&local, &mut out)).is_some() {
+            let want = gathered(size, len);
+            let bad = out.iter().zip(&want).position(|(a, b)| a != b);
+            c.check(&name, bad.is_none(), || {
+                format!("first wrong byte at {bad:?} of {}", out.len())
+            });
+        }
+    }
+    let mut short = vec![0u8; 3];
+    let r = g.all_gather_bytes(&[1, 2], &mut short);
+    c.check(
+        "all_gather_bytes wrong output length refused",
+        matches!(r, Err(CommError::OutputLength { expected, actual: 3, .. }) if expected == 2 * size),
+        || format!("{r:?}"),
+    );
 }
 
 fn subgroups(c: &mut Checker, g: &Group, expect_hosts: Option<u64>) {
@@ -538,13 +576,17 @@ fn traffic(c: &mut Checker, g: &Group) {
     let r1 = g.all_reduce_slice(&mut a, ReduceOp::Sum);
     let r2 = sub.all_reduce_slice(&mut b, ReduceOp::Max);
     let r3 = sub.barrier();
+    let mut gathered = vec![0u8; 5 * sub.size()];
+    let r4 = sub.all_gather_bytes(&[1u8; 5], &mut gathered);
     let (dw, ds) = (g.traffic() - w0, sub.traffic() - s0);
     c.check(
         "traffic counters (subgroup charged to parent)",
         r1.is_ok()
             && r2.is_ok()
             && r3.is_ok()
-            && (dw.collectives, dw.bytes, ds.collectives, ds.bytes) == (3, 64, 2, 24),
+            && r4.is_ok()
+            && (dw.collectives, dw.bytes, dw.data_bytes) == (4, 69, 69)
+            && (ds.collectives, ds.bytes, ds.data_bytes) == (3, 29, 29),
         || format!("world {dw:?} sub {ds:?}"),
     );
 }
@@ -582,6 +624,28 @@ fn nonblocking(c: &mut Checker, g: &Group, signature_check: bool) {
     c.check(
         "async traffic charged at start",
         (charged.collectives, charged.bytes) == (1, 4 << 20),
+        || format!("{charged:?}"),
+    );
+    // A byte all-gather on the dedicated communicator: polled MPI_Iallgather pieces of at most
+    // 256 KiB gathered, so 1 MiB per rank takes several strided pieces.
+    let before = g.traffic();
+    let local: Vec<u8> = (0..1 << 20).map(|i| gather_byte(rank, i)).collect();
+    let pending = c.ok(
+        "async all_gather_bytes start",
+        side.start_all_gather_bytes(local),
+    );
+    let charged = g.traffic() - before;
+    let flag = g.all_true(true);
+    if let Some(p) = pending {
+        let out = p.wait();
+        let ok = out.as_ref().is_ok_and(|o| *o == gathered(size, 1 << 20));
+        c.check("async all_gather_bytes 1M", ok && flag == Ok(true), || {
+            format!("{:?} {flag:?}", out.map(|o| o.len()))
+        });
+    }
+    c.check(
+        "async all_gather_bytes charged at start",
+        (charged.collectives, charged.bytes, charged.data_bytes) == (1, 1 << 20, 1 << 20),
         || format!("{charged:?}"),
     );
     if signature_check {
@@ -623,6 +687,16 @@ fn mismatches(c: &mut Checker, g: &Group) {
     if let (0, Err(e)) = (rank, &r) {
         println!("MISMATCH {e}");
     }
+
+    // Rank 0 gathers 7 bytes, the others 6: a mismatch on every rank, not a truncation.
+    let len = if rank == 0 { 7 } else { 6 };
+    let mut out = vec![0u8; len * size];
+    let r = g.all_gather_bytes(&vec![1u8; len], &mut out);
+    let ok = matches!(&r, Err(CommError::Mismatch { calls, .. })
+        if calls[0].1 == "all_gather_bytes(u8 x 7)" && calls[size - 1].1 == "all_gather_bytes(u8 x 6)");
+    c.check("mismatch: all_gather_bytes lengths", ok, || {
+        format!("{r:?}")
+    });
 
     // The last rank calls a barrier while the others broadcast.
     let r = if rank == size - 1 {

@@ -358,6 +358,28 @@ fn gather_and_barrier(c: &mut Checker, g: &Group) {
         let want: Vec<u64> = (0..n).flat_map(|q| [q, 100 + q * q]).collect();
         c.check("all_gather_u64", all == want, || format!("got {all:?}"));
     }
+    // Byte all-gather: distinct bytes per rank, odd lengths (the receive region's alignment).
+    for len in [0usize, 1, 1001, 1 << 20] {
+        let name = format!("all_gather_bytes {len}");
+        let local: Vec<u8> = (0..len).map(|i| gather_byte(r as usize, i)).collect();
+        let mut out = vec![0xAAu8; n as usize * len];
+        if c.ok(&name, g.all_gather_bytes(&local, &mut out)).is_some() {
+            let bad = out
+                .iter()
+                .zip(gathered(n as usize, len))
+                .position(|(&a, b)| a != b);
+            c.check(&name, bad.is_none(), || {
+                format!("first wrong byte at {bad:?}")
+            });
+        }
+    }
+    let mut short = vec![0u8; 1];
+    let e = g.all_gather_bytes(&[1, 2], &mut short);
+    c.check(
+        "all_gather_bytes wrong output length refused",
+        matches!(e, Err(CommError::OutputLength { expected, actual: 1, .. }) if expected == 2 * n as usize),
+        || format!("{e:?}"),
+    );
     let flag = c.ok("all_true", g.all_true(true));
     c.check("all_true", flag == Some(true), || format!("{flag:?}"));
     let t = Instant::now();
@@ -366,6 +388,18 @@ fn gather_and_barrier(c: &mut Checker, g: &Group) {
     if r == 0 {
         println!("INFO barrier took {:?}", t.elapsed());
     }
+}
+
+/// Byte `i` of rank `r`'s message in the byte all-gather checks (distinct per rank).
+fn gather_byte(r: usize, i: usize) -> u8 {
+    (r * 97 + i * 31 + i / 256) as u8
+}
+
+/// What every rank's `all_gather_bytes` of `len` bytes per rank must give.
+fn gathered(size: usize, len: usize) -> Vec<u8> {
+    (0..size)
+        .flat_map(|r| (0..len).map(move |i| gather_byte(r, i)))
+        .collect()
 }
 
 /// `AsyncGroup`: a dedicated communicator (its own stream and copy buffer) driven by a helper
@@ -399,6 +433,26 @@ fn nonblocking(c: &mut Checker, g: &Group) {
     c.check(
         "async traffic charged at start",
         (charged.collectives, charged.bytes) == (1, 1 << 20),
+        || format!("{charged:?}"),
+    );
+    let before = g.traffic();
+    let local: Vec<u8> = (0..1 << 16).map(|i| gather_byte(r, i)).collect();
+    let pending = c.ok(
+        "async all_gather_bytes start",
+        side.start_all_gather_bytes(local),
+    );
+    let charged = g.traffic() - before;
+    if let Some(p) = pending {
+        let out = p.wait();
+        c.check(
+            "async all_gather_bytes 64k",
+            out.as_ref().is_ok_and(|o| *o == gathered(n, 1 << 16)),
+            || format!("{:?}", out.map(|o| o.len())),
+        );
+    }
+    c.check(
+        "async all_gather_bytes charged at start",
+        (charged.collectives, charged.bytes, charged.data_bytes) == (1, 1 << 16, 1 << 16),
         || format!("{charged:?}"),
     );
     let closed = side.close();
@@ -494,6 +548,15 @@ fn mismatch(c: &mut Checker, g: &Group) {
     c.check(
         "mismatch detected (lengths)",
         matches!(&e, Err(CommError::Mismatch { calls, .. }) if calls.len() == g.size()),
+        || format!("{e:?}"),
+    );
+    let len = if g.rank() == 0 { 7 } else { 6 };
+    let mut out = vec![0u8; len * g.size()];
+    let e = g.all_gather_bytes(&vec![1u8; len], &mut out);
+    c.check(
+        "mismatch detected (all_gather_bytes lengths)",
+        matches!(&e, Err(CommError::Mismatch { calls, .. })
+            if calls.len() == g.size() && calls[0].1 == "all_gather_bytes(u8 x 7)"),
         || format!("{e:?}"),
     );
     let got = sum_in(g);

@@ -3,6 +3,7 @@
 
 mod collectives;
 mod failures;
+mod gather_bytes;
 mod mpi;
 mod nccl;
 mod nccl_stand_in;

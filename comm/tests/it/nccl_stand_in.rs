@@ -67,6 +67,13 @@ fn assert_passed(code: Option<i32>, text: &str, ranks: usize) {
         "async all_reduce 256k f32",
         "async traffic charged at start",
         "async close",
+        "all_gather_bytes 0",
+        "all_gather_bytes 1001",
+        "all_gather_bytes 1048576",
+        "all_gather_bytes wrong output length refused",
+        "async all_gather_bytes 64k",
+        "async all_gather_bytes charged at start",
+        "mismatch detected (all_gather_bytes lengths)",
     ] {
         assert!(
             text.contains(&format!("PASS {name}")),

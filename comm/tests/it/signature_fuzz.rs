@@ -14,6 +14,7 @@ fn element() -> impl Strategy<Value = Option<ElementType>> {
         Just(Some(ElementType::F16)),
         Just(Some(ElementType::BF16)),
         Just(Some(ElementType::U64)),
+        Just(Some(ElementType::U8)),
     ]
 }
 
@@ -31,6 +32,7 @@ fn kind() -> impl Strategy<Value = CollectiveKind> {
         Just(CollectiveKind::Barrier),
         Just(CollectiveKind::AllGather),
         Just(CollectiveKind::Split),
+        Just(CollectiveKind::AllGatherBytes),
     ]
 }
 
@@ -59,10 +61,10 @@ proptest! {
         let words = [(u64::from(kind_code) << 32) | u64::from(arg), element_code, 7];
         let known_kind = match kind_code {
             1 => arg <= 3,
-            2..=5 => true,
+            2..=6 => true,
             _ => false,
         };
         let decoded = CallSignature::decode(words);
-        prop_assert_eq!(decoded.is_some(), known_kind && element_code <= 5);
+        prop_assert_eq!(decoded.is_some(), known_kind && element_code <= 6);
     }
 }

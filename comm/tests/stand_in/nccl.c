@@ -44,7 +44,7 @@ typedef struct comm {
 } comm_t;
 
 enum { ok = 0, system_error = 2, internal_error = 3, invalid_argument = 4 };
-enum { t_u64 = 5, t_f16 = 6, t_f32 = 7, t_f64 = 8, t_bf16 = 9 };
+enum { t_u8 = 1, t_u64 = 5, t_f16 = 6, t_f32 = 7, t_f64 = 8, t_bf16 = 9 };
 enum { op_sum = 0, op_max = 2, op_min = 3 };
 
 /* The last error of calls without a communicator, per thread; those of a communicator are
@@ -177,6 +177,7 @@ static size_t type_size(int t) {
     case t_u64: case t_f64: return 8;
     case t_f32: return 4;
     case t_f16: case t_bf16: return 2;
+    case t_u8: return 1;
     default: return 0;
     }
 }
