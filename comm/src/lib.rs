@@ -28,6 +28,7 @@
 #![deny(missing_docs)]
 
 pub mod buffer;
+pub mod codec;
 pub mod error;
 pub mod group;
 #[cfg(feature = "mpi")]
@@ -49,6 +50,7 @@ pub use self::mpi::{MpiConfig, MpiGroup, MpiWorld};
 #[cfg(feature = "nccl")]
 pub use self::nccl::{NcclConfig, NcclGroup, NcclWorld};
 pub use buffer::{BufferMut, Element, ElementType};
+pub use codec::{Codec, CodecError, CodecSpec, ErrorFeedback};
 pub use error::CommError;
 pub use group::{Group, GroupExt, ProcessGroup, validate_gather_output, validate_subgroup_size};
 pub use nonblocking::{AsyncGroup, Pending};

@@ -1,6 +1,7 @@
 //! The comm crate's integration tests, one binary (each former `tests/*.rs` is a module), so
 //! burn and the crate are linked once instead of once per file.
 
+mod codec;
 mod collectives;
 mod failures;
 mod gather_bytes;
