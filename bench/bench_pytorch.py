@@ -16,6 +16,12 @@ Modes:
                     backward, AdamW) on one batch of --batch-size training windows, one thread;
                     --warmup-iters untimed, --iters timed; median and mean ms; with --profile FILE
                     torch.profiler's op table of the timed steps (bench/lm-step runs it).
+  mlp-step          the MLP's bare training step (zero_grad, forward, CrossEntropyLoss, backward,
+                    --optimizer's step: torch.optim.SGD(momentum, dampening 0, no Nesterov), Adam
+                    or AdamW) on consecutive --batch-size batches of --dataset's training split
+                    (as `localsgd bench-step` takes them; gathered off the clock), one thread
+                    unless --threads; --warmup-iters untimed, --iters timed; median and mean ms
+                    (bench/step-vs-pytorch runs it).
 
 Language model (--model gpt, scripts/gpt_twin.py's twin; --text-file, --context, --d-model,
 --heads, --layers as `localsgd train`): windows of context + 1 bytes at stride context of the
@@ -137,7 +143,7 @@ DEFAULT_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "d
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mode", choices=["train", "allreduce-bench", "lm-eval", "lm-step"], default="train")
+    p.add_argument("--mode", choices=["train", "allreduce-bench", "lm-eval", "lm-step", "mlp-step"], default="train")
     p.add_argument("--model", choices=["mlp", "gpt"], default="mlp",
                    help="mlp (default) or gpt: scripts/gpt_twin.py's twin of `localsgd train --model gpt` on "
                         "--text-file (AdamW; see 'Language model' above)")
@@ -146,12 +152,17 @@ def parse_args(argv):
     p.add_argument("--d-model", type=int, default=128, help="--model gpt: width")
     p.add_argument("--heads", type=int, default=4, help="--model gpt: attention heads per block")
     p.add_argument("--layers", type=int, default=2, help="--model gpt: transformer blocks")
-    p.add_argument("--weight-decay", type=float, default=0.01, help="--model gpt: AdamW's (decoupled) weight decay")
+    p.add_argument("--weight-decay", type=float, default=None,
+                   help="--model gpt: AdamW's (decoupled) weight decay, default 0.01; mlp-step: the --optimizer's, "
+                        "default PyTorch's (0 for sgd and adam, 0.01 for adamw)")
+    p.add_argument("--optimizer", choices=["sgd", "adam", "adamw"], default="sgd",
+                   help="mlp-step: torch.optim.SGD (--momentum), Adam or AdamW (eps 1e-8, betas 0.9/0.999), as "
+                        "`localsgd train --optimizer` (train mode: SGD for the MLP, AdamW for --model gpt)")
     p.add_argument("--eval-windows", type=int, default=0,
                    help="--model gpt: the eval_curve's evaluations (and lm-eval's) use the first N validation "
                         "windows; 0: all of them (the final evaluation always uses all)")
-    p.add_argument("--iters", type=int, default=20, help="lm-step: timed steps")
-    p.add_argument("--warmup-iters", type=int, default=3, help="lm-step: untimed steps first")
+    p.add_argument("--iters", type=int, default=20, help="lm-step, mlp-step: timed steps")
+    p.add_argument("--warmup-iters", type=int, default=3, help="lm-step, mlp-step: untimed steps first")
     p.add_argument("--profile", default=None,
                    help="lm-step: also profile the timed steps with torch.profiler (CPU) and write its op table "
                         "(sorted by self CPU time) to this file")
@@ -209,6 +220,14 @@ def parse_args(argv):
         p.error(f"--warmup {args.warmup}: must be non-negative")
     if args.mode in ("lm-eval", "lm-step"):
         args.model = "gpt"
+    if args.mode == "mlp-step":
+        args.model = "mlp"
+        if args.iters < 1 or args.warmup_iters < 0:
+            p.error("--iters must be at least 1, --warmup-iters non-negative")
+    if args.weight_decay is None:
+        args.weight_decay = 0.01 if args.model == "gpt" or args.optimizer == "adamw" else 0.0
+    elif args.weight_decay < 0:
+        p.error(f"--weight-decay {args.weight_decay}: must be non-negative")
     if args.model == "gpt":
         if not args.text_file or not os.path.isfile(args.text_file):
             p.error(f"--model gpt needs --text-file, an existing file (got {args.text_file!r})")
@@ -474,6 +493,58 @@ def lm_step(args):
             "config": gpt_config(args), "iters": args.iters, "warmup_iters": args.warmup_iters,
             "median_ms": statistics.median(times), "mean_ms": statistics.fmean(times), "times_ms": times,
             "last_loss": loss.item(), "profiled": bool(args.profile)}
+
+
+def mlp_step(args):
+    """--mode mlp-step: the MLP's bare step (zero_grad, forward, CrossEntropyLoss, backward,
+    --optimizer's step) on consecutive --batch-size batches of the training split, as `localsgd
+    bench-step` takes them (batch b of an epoch: rows b*B .. b*B+B-1, wrapping; gathered before
+    the clock starts), one thread unless --threads; --warmup-iters untimed, then --iters timed one
+    by one. One JSON object."""
+    import statistics
+    threads = args.threads if args.threads > 0 else 1
+    torch.set_num_threads(threads)
+    if args.flush_denormals and not torch.set_flush_denormal(True):
+        raise SystemExit("--flush-denormals: this CPU does not support flushing denormals")
+    x_train, y_train, _, _, dim, classes = load_data(args)
+    widths = [dim] + args.hidden_list + [classes]
+    model = build_model(args, widths)
+    if args.optimizer == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, dampening=0.0,
+                              nesterov=False, weight_decay=args.weight_decay)
+    else:
+        kind = torch.optim.Adam if args.optimizer == "adam" else torch.optim.AdamW
+        opt = kind(model.parameters(), lr=args.lr, eps=1e-8, weight_decay=args.weight_decay)
+    ce = nn.CrossEntropyLoss()
+    n, bs = len(y_train), args.batch_size
+    per_epoch = max(1, n // bs)
+
+    def batch(step):
+        b = step % per_epoch
+        idx = torch.arange(b * bs, b * bs + bs) % n
+        return x_train[idx], y_train[idx]
+
+    def step(xb, yb):
+        opt.zero_grad(set_to_none=True)
+        loss = ce(model(xb), yb)
+        loss.backward()
+        opt.step()
+        return loss
+
+    for it in range(args.warmup_iters):
+        step(*batch(it))
+    times = []
+    for it in range(args.warmup_iters, args.warmup_iters + args.iters):
+        xb, yb = batch(it)
+        t = time.perf_counter()
+        loss = step(xb, yb)
+        times.append((time.perf_counter() - t) * 1e3)
+    return {"side": "pytorch", "torch_version": torch.__version__, "threads": threads,
+            "params": sum(p.numel() for p in model.parameters()), "batch_size": bs, "widths": widths,
+            "optimizer": args.optimizer, "lr": args.lr, "momentum": args.momentum if args.optimizer == "sgd" else None,
+            "weight_decay": args.weight_decay, "iters": args.iters, "warmup_iters": args.warmup_iters,
+            "median_ms": statistics.median(times), "mean_ms": statistics.fmean(times), "times_ms": times,
+            "last_loss": loss.item()}
 
 
 def data_widths(args):
@@ -947,6 +1018,14 @@ def main(argv):
     args = parse_args(argv)
     if args.mode in ("lm-eval", "lm-step"):
         print(json.dumps(lm_eval(args) if args.mode == "lm-eval" else lm_step(args)))
+        return 0
+    if args.mode == "mlp-step":
+        try:
+            result = mlp_step(args)
+        except (OSError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(json.dumps(result))
         return 0
     if args.save_init and args.model == "gpt":
         model = build_gpt(args)

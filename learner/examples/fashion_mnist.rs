@@ -24,8 +24,6 @@ use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::InMemDataset;
 use burn::module::Module;
 use burn::nn::loss::CrossEntropyLoss;
-use burn::optim::SgdConfig;
-use burn::optim::momentum::MomentumConfig;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use burn_train::checkpoint::KeepLastNCheckpoints;
 use burn_train::metric::{AccuracyMetric, LossMetric};
@@ -36,6 +34,7 @@ use burn_train::{
 use localsgd_learner::{
     AlgorithmKind, AlgorithmSpec, ConsoleRenderer, LocalSgdStrategy, StrategyConfig,
 };
+use localsgd_pipeline::optim::FusedSgdConfig;
 use localsgd_trainer::cnn::{Cnn, CnnConfig};
 
 #[derive(Clone, Debug)]
@@ -210,13 +209,13 @@ fn run() -> Result<(), String> {
         .init(0, &device)
         .map_err(|e| e.to_string())?,
     };
-    let optimizer = SgdConfig::new()
-        .with_momentum(Some(MomentumConfig {
-            momentum: 0.9,
-            dampening: 0.0,
-            nesterov: false,
-        }))
-        .init();
+    // PyTorch's SGD with momentum 0.9, fused.
+    let optimizer = FusedSgdConfig {
+        momentum: 0.9,
+        ..FusedSgdConfig::default()
+    }
+    .init()
+    .map_err(|e| e.to_string())?;
     let result = SupervisedTraining::new(&args.out, train, valid)
         .metrics((AccuracyMetric::new(), LossMetric::new()))
         // Loss and accuracy as plain lines (burn-train's TUI is not built in this workspace).

@@ -21,7 +21,6 @@ use burn::data::dataloader::DataLoaderBuilder;
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::InMemDataset;
 use burn::module::Module;
-use burn::optim::AdamWConfig;
 use burn::tensor::{Device, Tensor, TensorData};
 use burn_train::checkpoint::KeepLastNCheckpoints;
 use burn_train::metric::{AccuracyMetric, LossMetric};
@@ -32,6 +31,7 @@ use burn_train::{
 use localsgd_learner::{
     AlgorithmKind, AlgorithmSpec, ConsoleRenderer, LocalSgdStrategy, StrategyConfig,
 };
+use localsgd_pipeline::optim::FusedAdamConfig;
 use localsgd_trainer::data::text;
 use localsgd_trainer::gpt::{Gpt, GptConfig};
 
@@ -179,11 +179,8 @@ fn run() -> Result<(), String> {
     }
     .init(0, &device)
     .map_err(|e| e.to_string())?;
-    // PyTorch's AdamW defaults (burn's differ: epsilon 1e-5, weight decay 1e-4).
-    let adamw = AdamWConfig::new()
-        .with_epsilon(1e-8)
-        .with_weight_decay(0.01)
-        .init();
+    // PyTorch's AdamW, fused (burn's own AdamW defaults to epsilon 1e-5, weight decay 1e-4).
+    let adamw = FusedAdamConfig::adamw().init().map_err(|e| e.to_string())?;
     let result = SupervisedTraining::new(&args.out, train, valid)
         .metrics((AccuracyMetric::new(), LossMetric::new()))
         // Loss and accuracy as plain lines (burn-train's TUI is not built in this workspace).

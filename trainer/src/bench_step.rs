@@ -2,14 +2,19 @@
 //! forward, loss, backward, optimizer step, no pipeline and no communication — on the model,
 //! data and batch size of a run's settings, timed by `localsgd_planner::measure::measure_step`
 //! (its documentation says what is timed, and how with `--backend mpi` or `nccl`). This file
-//! builds the model and the batches from the settings, and prints.
+//! builds the model and the batches from the settings, and prints. The optimizer is the
+//! trainer's (`run::optimizer`, fused in PyTorch's arithmetic); `--burn-optimizer` steps with
+//! burn's own SGD / Adam / AdamW instead, the bare-burn baseline (bench/step-vs-pytorch).
 
 use anyhow::{Context, Result};
+use burn::optim::decay::WeightDecayConfig;
+use burn::optim::momentum::MomentumConfig;
+use burn::optim::{AdamConfig, AdamWConfig, ModuleOptimizer, SgdConfig};
 use burn::tensor::Device;
 use localsgd_comm::Group;
 use localsgd_planner::measure::{StepSettings, StepTiming, measure_step};
 use localsgd_trainer::config::ConfigFlags;
-use localsgd_trainer::config::{Backend, TrainConfig};
+use localsgd_trainer::config::{Backend, OptimizerKind, TrainConfig};
 use localsgd_trainer::init_weights::load_pytorch_safetensors;
 use localsgd_trainer::run;
 use std::path::PathBuf;
@@ -37,6 +42,11 @@ pub(crate) struct BenchStepFlags {
     /// (bench/results/2026-12-05-step-gap-sweep/).
     #[arg(long, default_value_t = 0)]
     gap_us: u64,
+    /// Step with burn's own optimizer (`SgdConfig`, `AdamConfig`, `AdamWConfig`, configured
+    /// to PyTorch's defaults as far as burn allows) instead of the trainer's fused one: the
+    /// bare-burn baseline that bench/step-vs-pytorch compares the fused optimizer against.
+    #[arg(long)]
+    burn_optimizer: bool,
     /// Also write the result as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -67,7 +77,11 @@ pub(crate) fn run(flags: &BenchStepFlags) -> Result<()> {
     let settings = flags.settings()?;
     let cfg = crate::launch::resolve(&flags.config)?;
     match cfg.backend {
-        Backend::Threads => report(flags, &cfg, &measure(&settings, &cfg, None)?),
+        Backend::Threads => report(
+            flags,
+            &cfg,
+            &measure(&settings, &cfg, flags.burn_optimizer, None)?,
+        ),
         Backend::Mpi | Backend::Nccl => process(flags, &settings, &cfg),
     }
 }
@@ -80,7 +94,7 @@ fn process(flags: &BenchStepFlags, settings: &StepSettings, cfg: &TrainConfig) -
         localsgd_comm::thread::DEFAULT_TIMEOUT,
     )?;
     let rank = world.group.rank();
-    match measure(settings, cfg, Some(&world.group)) {
+    match measure(settings, cfg, flags.burn_optimizer, Some(&world.group)) {
         Ok(measured) => {
             let reported = if rank == 0 {
                 report(flags, cfg, &measured)
@@ -108,8 +122,14 @@ fn process(_flags: &BenchStepFlags, _settings: &StepSettings, cfg: &TrainConfig)
 
 /// The run's model and data, timed by the planner's bare loop; with `peers`, between steps
 /// (outside the clock) a one-float all-reduce of the step's time (max), so that each step
-/// counts its slowest rank.
-fn measure(settings: &StepSettings, cfg: &TrainConfig, peers: Option<&Group>) -> Result<Measured> {
+/// counts its slowest rank. `burn_optimizer`: burn's own optimizer ([`burn_optimizer`]) instead
+/// of the trainer's.
+fn measure(
+    settings: &StepSettings,
+    cfg: &TrainConfig,
+    burn_optimizer: bool,
+    peers: Option<&Group>,
+) -> Result<Measured> {
     if cfg.flush_denormals {
         localsgd_trainer::denormals::flush_on_compute_threads()?;
     }
@@ -131,9 +151,14 @@ fn measure(settings: &StepSettings, cfg: &TrainConfig, peers: Option<&Group>) ->
             .collect();
         data.train.batch_tensors(&idx, &device)
     };
+    let optimizer = if burn_optimizer {
+        self::burn_optimizer(cfg)
+    } else {
+        run::optimizer(cfg)?
+    };
     let timing = measure_step(
         model,
-        || run::optimizer(cfg),
+        || optimizer.clone(),
         cfg.lr,
         run::loss,
         batch,
@@ -144,6 +169,35 @@ fn measure(settings: &StepSettings, cfg: &TrainConfig, peers: Option<&Group>) ->
         params: mcfg.num_params(),
         timing,
     })
+}
+
+/// burn's own optimizer for the configuration, as the trainer configured it before its fused
+/// optimizer (`--burn-optimizer`, a baseline only): SGD without dampening or Nesterov, Adam /
+/// AdamW with epsilon 1e-8, burn's betas (0.9 / 0.999); weight decay coupled (L2 on the
+/// gradient) for SGD and Adam, decoupled for AdamW (default 0.01).
+fn burn_optimizer(cfg: &TrainConfig) -> ModuleOptimizer {
+    let coupled = cfg
+        .weight_decay
+        .filter(|&wd| wd > 0.0)
+        .map(|wd| WeightDecayConfig::new(wd as f32));
+    match cfg.optimizer {
+        OptimizerKind::Sgd => SgdConfig::new()
+            .with_momentum((cfg.momentum > 0.0).then_some(MomentumConfig {
+                momentum: cfg.momentum,
+                dampening: 0.0,
+                nesterov: false,
+            }))
+            .with_weight_decay(coupled)
+            .init(),
+        OptimizerKind::Adam => AdamConfig::new()
+            .with_epsilon(1e-8)
+            .with_weight_decay(coupled)
+            .init(),
+        OptimizerKind::Adamw => AdamWConfig::new()
+            .with_epsilon(1e-8)
+            .with_weight_decay(cfg.weight_decay.unwrap_or(0.01) as f32)
+            .init(),
+    }
 }
 
 /// Print the result and write its JSON (`--json`).
@@ -174,8 +228,19 @@ fn report(flags: &BenchStepFlags, cfg: &TrainConfig, m: &Measured) -> Result<()>
         0 => String::new(),
         us => format!(" (each after {us} µs of spinning)"),
     };
+    let optimizer_impl = if flags.burn_optimizer {
+        "burn"
+    } else {
+        "fused"
+    };
+    let optimizer_name = match cfg.optimizer {
+        OptimizerKind::Sgd => "sgd",
+        OptimizerKind::Adam => "adam",
+        OptimizerKind::Adamw => "adamw",
+    };
+    let optimizer = format!("{optimizer_name} ({optimizer_impl})");
     println!(
-        "bare burn step: {params} parameters, batch {}: median {median:.3} ms, mean {mean:.3} ms over {} iterations{runs}{gap}{among}; gradient flatten + one-rank mean + write-back {copy_ms:.3} ms ({copy_gbps:.2} GB/s of gradients, `plan --copy-gbps`)",
+        "bare burn step: {params} parameters, batch {}: median {median:.3} ms, mean {mean:.3} ms over {} iterations{runs}{gap}{among}, optimizer {optimizer}; gradient flatten + one-rank mean + write-back {copy_ms:.3} ms ({copy_gbps:.2} GB/s of gradients, `plan --copy-gbps`)",
         cfg.batch_size, flags.iters
     );
     if let Some(path) = &flags.json {
@@ -183,6 +248,8 @@ fn report(flags: &BenchStepFlags, cfg: &TrainConfig, m: &Measured) -> Result<()>
             "params": params,
             "batch_size": cfg.batch_size,
             "hidden": cfg.hidden,
+            "optimizer": optimizer_name,
+            "optimizer_impl": optimizer_impl,
             "iters": flags.iters,
             "restart_every": flags.restart_every,
             "gap_us": flags.gap_us,

@@ -7,12 +7,12 @@
 //! plots and the per-rank run ([`run`]) that the binary launches; the cost model of `localsgd plan`
 //! is the `localsgd-planner` crate.
 //! The distributed loop itself is the library crate `localsgd-pipeline`; its modules
-//! ([`pipeline`], [`algorithm`], [`checkpoint`], [`lr_schedule`]) are re-exported here under the
+//! ([`pipeline`], [`algorithm`], [`checkpoint`], [`lr_schedule`], [`optim`]) are re-exported here under the
 //! same names, so `localsgd_trainer::pipeline::Pipeline` keeps working. A library user who wants
 //! only the loop depends on `localsgd-pipeline` and pulls in no command-line crate.
 #![deny(missing_docs)]
 
-pub use localsgd_pipeline::{algorithm, checkpoint, lr_schedule, pipeline};
+pub use localsgd_pipeline::{algorithm, checkpoint, lr_schedule, optim, pipeline};
 
 pub mod atomic;
 pub mod batch_norm;

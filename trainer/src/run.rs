@@ -17,14 +17,13 @@ use crate::lr_schedule::LrSchedule;
 use crate::metrics::{EvalWriter, MetricsWriter};
 use crate::model::{MlpConfig, ModelError};
 use crate::network::{BatchEval, ModelSpec, Network, Objective};
+use crate::optim::{FusedAdamConfig, FusedSgdConfig, OptimError};
 use crate::pipeline::{
     Accumulation, BatchSource, DataPosition, Outcome, PhaseTimes, Pipeline, PipelineError,
     PipelineOptions, SourceError,
 };
-use burn::optim::decay::WeightDecayConfig;
+use burn::optim::ModuleOptimizer;
 use burn::optim::lr_scheduler::module_lr_scheduler::ModuleLrScheduler;
-use burn::optim::momentum::MomentumConfig;
-use burn::optim::{AdamConfig, AdamWConfig, ModuleOptimizer, SgdConfig};
 use burn::tensor::{Device, Int, Tensor};
 use localsgd_comm::params::{FlatBuffer, ParamSelection, flatten_params};
 use localsgd_comm::{CommError, Group, GroupExt, Traffic};
@@ -65,6 +64,9 @@ pub enum RunError {
     /// `flush-denormals` on a CPU this build cannot set it on.
     #[error(transparent)]
     Denormals(#[from] crate::denormals::UnsupportedArch),
+    /// The optimizer's settings are outside what PyTorch accepts.
+    #[error("optimizer: {0}")]
+    Optimizer(#[from] OptimError),
     /// The configured compute device is not available in this build.
     #[error("device: {0}")]
     Device(String),
@@ -360,32 +362,30 @@ pub fn run_identity(spec: &AlgorithmSpec, world: usize) -> RunIdentity {
     RunIdentity::from_spec(spec, world)
 }
 
-/// The optimizer of a configuration, with PyTorch's defaults: SGD without dampening or
-/// Nesterov, Adam / AdamW with eps 1e-8 (burn's default is 1e-5) and betas 0.9 / 0.999; weight
-/// decay as PyTorch applies it (L2 added to the gradient for sgd and adam, decoupled for adamw,
-/// whose default is 0.01).
-pub fn optimizer(cfg: &TrainConfig) -> ModuleOptimizer {
-    let coupled = cfg
-        .weight_decay
-        .filter(|&wd| wd > 0.0)
-        .map(|wd| WeightDecayConfig::new(wd as f32));
+/// The optimizer of a configuration: PyTorch's SGD, Adam or AdamW (fused, in PyTorch's
+/// arithmetic: [`localsgd_pipeline::optim`]) with PyTorch's defaults: SGD without dampening
+/// or Nesterov, Adam / AdamW with eps 1e-8 and betas 0.9 / 0.999; weight decay as PyTorch
+/// applies it (L2 added to the gradient for sgd and adam, decoupled for adamw, whose default
+/// is 0.01). Errors on settings PyTorch refuses (a negative momentum or weight decay).
+pub fn optimizer(cfg: &TrainConfig) -> Result<ModuleOptimizer, OptimError> {
+    let weight_decay = cfg.weight_decay.unwrap_or(0.0);
     match cfg.optimizer {
-        OptimizerKind::Sgd => SgdConfig::new()
-            .with_momentum((cfg.momentum > 0.0).then_some(MomentumConfig {
-                momentum: cfg.momentum,
-                dampening: 0.0,
-                nesterov: false,
-            }))
-            .with_weight_decay(coupled)
-            .init(),
-        OptimizerKind::Adam => AdamConfig::new()
-            .with_epsilon(1e-8)
-            .with_weight_decay(coupled)
-            .init(),
-        OptimizerKind::Adamw => AdamWConfig::new()
-            .with_epsilon(1e-8)
-            .with_weight_decay(cfg.weight_decay.unwrap_or(0.01) as f32)
-            .init(),
+        OptimizerKind::Sgd => FusedSgdConfig {
+            momentum: cfg.momentum,
+            weight_decay,
+            ..FusedSgdConfig::default()
+        }
+        .init(),
+        OptimizerKind::Adam => FusedAdamConfig {
+            weight_decay,
+            ..FusedAdamConfig::adam()
+        }
+        .init(),
+        OptimizerKind::Adamw => FusedAdamConfig {
+            weight_decay: cfg.weight_decay.unwrap_or(0.01),
+            ..FusedAdamConfig::adamw()
+        }
+        .init(),
     }
 }
 
@@ -602,7 +602,7 @@ pub fn train_worker(
         let resumed = checkpoints
             .as_ref()
             .ok_or_else(|| CheckpointError::Missing(Path::new("(no run directory)").into()))?
-            .resume(rank, model, optimizer(cfg), &mut pipeline)
+            .resume(rank, model, optimizer(cfg)?, &mut pipeline)
             .map_err(checkpoint_failure)?;
         (resumed.model, resumed.data, Some(resumed.iterations_done))
     } else {
@@ -881,7 +881,7 @@ fn build_pipeline(
         accumulate: cfg.accumulate,
         accumulation: cfg.accumulation,
     };
-    let mut pipeline = Pipeline::new(group.clone(), optimizer(cfg), options);
+    let mut pipeline = Pipeline::new(group.clone(), optimizer(cfg)?, options);
     if let Some((hook, reducer)) = parts.sync {
         pipeline = pipeline.with_gradient_sync(hook, reducer);
     }

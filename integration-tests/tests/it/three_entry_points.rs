@@ -193,7 +193,7 @@ fn pipeline_loop(cfg: &TrainConfig, spec: &AlgorithmSpec, data: &TrainTest) -> V
                 buffers: cfg.buffers,
                 ..PipelineOptions::default()
             };
-            let mut pipeline = Pipeline::new(group.clone(), run::optimizer(cfg), options);
+            let mut pipeline = Pipeline::new(group.clone(), run::optimizer(cfg).unwrap(), options);
             if let Some((hook, reducer)) = parts.sync {
                 pipeline = pipeline.with_gradient_sync(hook, reducer);
             }
@@ -283,7 +283,7 @@ fn learner(dir: &Path, cfg: &TrainConfig, spec: &AlgorithmSpec, data: &TrainTest
         .num_epochs(EPOCHS as usize)
         .launch(Learner::new(
             Net::new(cfg, data, &device()),
-            run::optimizer(cfg),
+            run::optimizer(cfg).unwrap(),
             cfg.lr,
         ));
     assert!(result.error.is_none(), "{:?}", result.error);

@@ -15,8 +15,6 @@ use burn::data::dataloader::{DataLoader, DataLoaderBuilder};
 use burn::data::dataset::InMemDataset;
 use burn::module::Module;
 use burn::nn::loss::CrossEntropyLoss;
-use burn::optim::SgdConfig;
-use burn::optim::momentum::MomentumConfig;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use burn_train::{
     ClassificationOutput, InferenceStep, Learner, LearningResult, SupervisedTraining, TrainOutput,
@@ -24,6 +22,7 @@ use burn_train::{
 };
 use localsgd_comm::params::{FlatBuffer, ParamSelection, flatten_params};
 use localsgd_learner::{AlgorithmKind, AlgorithmSpec, LocalSgdStrategy, StrategyReport};
+use localsgd_pipeline::optim::FusedSgdConfig;
 use localsgd_trainer::model::{Mlp, MlpConfig};
 
 /// Learning rate of the SGD optimizer.
@@ -132,15 +131,14 @@ pub fn device() -> Device {
     Device::flex().autodiff()
 }
 
-/// SGD with momentum 0.9, PyTorch's (no dampening, not Nesterov).
-pub fn optimizer() -> burn::optim::ModuleOptimizer {
-    SgdConfig::new()
-        .with_momentum(Some(MomentumConfig {
-            momentum: 0.9,
-            dampening: 0.0,
-            nesterov: false,
-        }))
-        .init()
+/// PyTorch's SGD with momentum 0.9 (no dampening, not Nesterov), fused.
+pub fn optimizer() -> Result<burn::optim::ModuleOptimizer, String> {
+    FusedSgdConfig {
+        momentum: 0.9,
+        ..FusedSgdConfig::default()
+    }
+    .init()
+    .map_err(|e| e.to_string())
 }
 
 /// The settings of `--algorithm name` with `--warmup` and `--period` on `world` ranks (the
@@ -162,7 +160,7 @@ pub fn train(
         .with_training_strategy(TrainingStrategy::Custom(strategy))
         .with_application_logger(None)
         .num_epochs(epochs)
-        .launch(Learner::new(Net::new(&device()), optimizer(), LR)))
+        .launch(Learner::new(Net::new(&device()), optimizer()?, LR)))
 }
 
 /// The share of the test split `model` classifies correctly.

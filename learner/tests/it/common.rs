@@ -62,6 +62,7 @@ pub fn optimizer() -> burn::optim::ModuleOptimizer {
         momentum: 0.9,
         ..TrainConfig::default()
     })
+    .expect("valid optimizer settings")
 }
 
 /// `epochs` epochs through `SupervisedTraining` with `strategy` (kept by the caller, to read

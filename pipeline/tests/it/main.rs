@@ -2,4 +2,5 @@
 //! so burn and the crates are linked once.
 
 mod checkpoint_resume;
+mod fused_optim;
 mod run_epoch;

@@ -839,6 +839,41 @@ fn bench_step_restart_every_starts_training_again() {
     assert_ne!(trained, first);
 }
 
+/// `bench-step --burn-optimizer` steps with burn's own optimizer: the output and the JSON say
+/// which one ran, and the first step (before any update) computes the same loss as the fused
+/// optimizer's.
+#[test]
+fn bench_step_burn_optimizer_says_which_optimizer_ran() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |name: &str, extra: &[&str]| {
+        let json = dir.path().join(name);
+        let mut args = vec![
+            "bench-step",
+            "--iters",
+            "1",
+            "--warmup-iters",
+            "0",
+            "--optimizer",
+            "adamw",
+            "--json",
+            json.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let stdout = ok(&localsgd(&args));
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        (stdout, v)
+    };
+    let (fused_out, fused) = run("fused.json", &[]);
+    let (burn_out, burn) = run("burn.json", &["--burn-optimizer"]);
+    assert!(fused_out.contains("optimizer adamw (fused)"), "{fused_out}");
+    assert!(burn_out.contains("optimizer adamw (burn)"), "{burn_out}");
+    assert_eq!(fused["optimizer_impl"], "fused");
+    assert_eq!(burn["optimizer_impl"], "burn");
+    assert_eq!(burn["optimizer"], "adamw");
+    assert_eq!(fused["last_loss"], burn["last_loss"]);
+}
+
 /// `bench-step --gap-us` spins before each step, off the clock: the command takes at least
 /// the gaps, and the steps it reports exclude them.
 #[test]
