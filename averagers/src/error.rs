@@ -150,4 +150,14 @@ pub enum AveragerError {
     /// flattened / written back.
     #[error(transparent)]
     Comm(#[from] CommError),
+    /// A lossy codec's settings are invalid, or a peer's message could not be decoded (the
+    /// codec's message).
+    #[error("pseudo-gradient codec: {0}")]
+    Codec(String),
+}
+
+impl From<localsgd_comm::codec::CodecError> for AveragerError {
+    fn from(e: localsgd_comm::codec::CodecError) -> Self {
+        AveragerError::Codec(e.to_string())
+    }
 }

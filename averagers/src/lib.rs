@@ -77,8 +77,8 @@ pub use error::{AveragerError, RankParams};
 pub use group::new_group;
 pub use hierarchical::{HierarchicalModelAverager, validate_levels};
 pub use outer::{
-    OuterAverager, OuterOptimizer, OuterSgd, OuterSgdConfig, OuterState, PseudoGradient,
-    SlowMoConfig, StreamingConfig,
+    OuterAverager, OuterCompression, OuterOptimizer, OuterSgd, OuterSgdConfig, OuterState,
+    PseudoGradient, SlowMoConfig, StreamingConfig,
 };
 pub use overlap::{Overlap, PendingAverage};
 pub use periodic::PeriodicModelAverager;

@@ -48,7 +48,10 @@ mod report;
 pub mod state;
 mod strategy;
 
-pub use config::{AlgorithmKind, AlgorithmSpec, BufferPolicy, Levels, StrategyConfig};
+pub use config::{
+    AlgorithmKind, AlgorithmSpec, BufferPolicy, Levels, OuterCompression, OuterCompressionKind,
+    OuterSettings, StrategyConfig,
+};
 pub use console::ConsoleRenderer;
 pub use error::StrategyError;
 pub use report::{RankReport, StrategyReport};

@@ -4,10 +4,11 @@
 use crate::pipeline::PipelineError;
 use crate::settings::{
     AlgorithmKind, Compression, Levels, OuterSettings, PipelineBuckets, SettingError,
+    check_compression, rounding_name,
 };
 use localsgd_averagers::{
-    HierarchicalModelAverager, Level, ModelAverager, OuterAverager, OuterOptimizer,
-    PeriodicModelAverager, SlowMoConfig, StreamingConfig, validate_levels,
+    HierarchicalModelAverager, Level, ModelAverager, OuterAverager, OuterCompression,
+    OuterOptimizer, PeriodicModelAverager, SlowMoConfig, StreamingConfig, validate_levels,
 };
 use localsgd_comm::Group;
 use localsgd_hooks::{
@@ -307,6 +308,10 @@ impl AlgorithmSpec {
                 format!("{e} ({world} workers)"),
             ));
         }
+        // Settings built in code skip `OuterSettings::resolve`: its codec rules again.
+        if let Some(o) = &self.outer {
+            check_compression(o.compression, o.reduce)?;
+        }
         if self.compression != Compression::None && self.kind == AlgorithmKind::LocalSgd {
             return Err(SettingError::new(
                 "compression",
@@ -327,8 +332,21 @@ impl AlgorithmSpec {
         let outer = match &self.outer {
             None => String::new(),
             Some(o) => {
+                // Half precision as checkpoints have always recorded it (`outer_compression=fp16`);
+                // a lossy codec with its chunk, rounding and error feedback (not the stochastic
+                // rounding's seed: the run's seed, which the identity leaves out).
                 let compression = match o.compression {
-                    Some(p) => format!(" outer_compression={p}"),
+                    Some(OuterCompression::Half(p)) => format!(" outer_compression={p}"),
+                    Some(OuterCompression::Lossy {
+                        spec,
+                        error_feedback,
+                    }) => format!(
+                        " outer_compression={} outer_compression_chunk={} outer_rounding={} \
+                         outer_error_feedback={error_feedback}",
+                        spec.codec,
+                        spec.chunk,
+                        rounding_name(spec.rounding)
+                    ),
                     None => String::new(),
                 };
                 let streaming = match &o.streaming {
@@ -576,7 +594,258 @@ pub fn default_levels(workers: usize, period: u64) -> Vec<Level> {
 
 #[cfg(test)]
 mod tests {
-    use super::pipelines;
+    use super::{AlgorithmSpec, pipelines};
+    use crate::settings::{AlgorithmKind, OuterCompressionKind, OuterOptions, OuterSettings};
+    use localsgd_averagers::{OuterCompression, PseudoGradient};
+    use localsgd_comm::Precision;
+    use localsgd_comm::codec::Rounding;
+
+    fn diloco_with(options: OuterOptions) -> Result<AlgorithmSpec, String> {
+        let outer = OuterSettings::resolve(AlgorithmKind::Diloco, 50, &[], &options)
+            .map_err(|e| e.to_string())?;
+        Ok(AlgorithmSpec {
+            outer,
+            ..AlgorithmSpec::diloco(50)
+        })
+    }
+
+    fn kind(text: &str) -> Option<OuterCompression> {
+        text.parse::<OuterCompressionKind>().unwrap().compression()
+    }
+
+    #[test]
+    fn half_precision_keeps_the_identity_checkpoints_have_always_recorded() {
+        let base = "algorithm=Diloco warmup=0 period=Some(50) levels=[] subgroup_size=None \
+                    post_local_allreduce=false compression=None outer=Sgd(OuterSgdConfig { lr: \
+                    0.7, momentum: 0.9, dampening: 0.0, nesterov: true, weight_decay: 0.0 }) \
+                    reduce=MeanOfDeltas";
+        for (text, suffix) in [
+            ("none", ""),
+            ("fp16", " outer_compression=fp16"),
+            ("bf16", " outer_compression=bf16"),
+        ] {
+            let spec = diloco_with(OuterOptions {
+                compression: kind(text),
+                ..OuterOptions::default()
+            })
+            .unwrap();
+            assert_eq!(spec.identity(), format!("{base}{suffix}"), "{text}");
+        }
+    }
+
+    #[test]
+    fn a_lossy_codec_writes_its_chunk_rounding_and_error_feedback_into_the_identity() {
+        let spec = diloco_with(OuterOptions {
+            compression: kind("topk:0.01+int8"),
+            ..OuterOptions::default()
+        })
+        .unwrap();
+        assert!(
+            spec.identity().ends_with(
+                " outer_compression=topk:0.01+int8 outer_compression_chunk=1024 \
+                 outer_rounding=nearest outer_error_feedback=true"
+            ),
+            "{}",
+            spec.identity()
+        );
+        let spec = diloco_with(OuterOptions {
+            compression: kind("int4"),
+            compression_chunk: Some(64),
+            rounding: Some(Rounding::Stochastic { seed: 7 }),
+            error_feedback: Some(false),
+            ..OuterOptions::default()
+        })
+        .unwrap();
+        let Some(OuterCompression::Lossy {
+            spec: codec,
+            error_feedback,
+        }) = spec.outer.unwrap().compression
+        else {
+            panic!("not lossy");
+        };
+        assert_eq!(
+            (codec.chunk, codec.rounding, error_feedback),
+            (64, Rounding::Stochastic { seed: 7 }, false)
+        );
+        // The seed is the run's, which the identity leaves out.
+        assert!(
+            spec.identity().ends_with(
+                " outer_compression=int4 outer_compression_chunk=64 \
+                 outer_rounding=stochastic outer_error_feedback=false"
+            ),
+            "{}",
+            spec.identity()
+        );
+    }
+
+    #[test]
+    fn codec_settings_are_refused_where_they_would_do_nothing_or_cannot_work() {
+        let err = |options: OuterOptions| diloco_with(options).unwrap_err();
+        assert_eq!(
+            err(OuterOptions {
+                compression: kind("fp16"),
+                error_feedback: Some(false),
+                ..OuterOptions::default()
+            }),
+            "invalid setting `outer-error-feedback` = false: unset with `outer-compression` = \
+             fp16: chunks, rounding and error feedback are the lossy codecs' (`int8`, `int4`, \
+             `topk:F`, `topk:F+int8`, `topk:F+int4`)"
+        );
+        assert!(
+            err(OuterOptions {
+                compression_chunk: Some(64),
+                ..OuterOptions::default()
+            })
+            .starts_with("invalid setting `outer-compression-chunk` = 64: unset with `outer-compression` = none")
+        );
+        assert!(
+            err(OuterOptions {
+                compression: kind("topk:0.5"),
+                rounding: Some(Rounding::Stochastic { seed: 0 }),
+                ..OuterOptions::default()
+            })
+            .starts_with("invalid setting `outer-rounding` = stochastic: `nearest` (or unset) with `outer-compression` = topk:0.5")
+        );
+        assert_eq!(
+            err(OuterOptions {
+                compression: kind("int8"),
+                compression_chunk: Some(0),
+                ..OuterOptions::default()
+            }),
+            "invalid setting `outer-compression-chunk` = 0: codec chunk 0 is invalid (valid: \
+             chunk >= 1)"
+        );
+        assert!(
+            err(OuterOptions {
+                compression: kind("topk:0.1+int4"),
+                compression_chunk: Some(65537),
+                ..OuterOptions::default()
+            })
+            .contains("`outer-compression-chunk` = 65537: codec chunk 65537 is too large for topk")
+        );
+        // 65536 is the largest top-k chunk; int8 takes any.
+        diloco_with(OuterOptions {
+            compression: kind("topk:0.1"),
+            compression_chunk: Some(65536),
+            ..OuterOptions::default()
+        })
+        .unwrap();
+        diloco_with(OuterOptions {
+            compression: kind("int8"),
+            compression_chunk: Some(1 << 20),
+            ..OuterOptions::default()
+        })
+        .unwrap();
+        // SlowMo reduces the delta of the mean: nothing to compress, lossy or not.
+        let slowmo = |c| {
+            OuterSettings::resolve(
+                AlgorithmKind::Slowmo,
+                3,
+                &[],
+                &OuterOptions {
+                    compression: kind(c),
+                    ..OuterOptions::default()
+                },
+            )
+            .unwrap_err()
+            .to_string()
+        };
+        assert!(
+            slowmo("topk:0.01+int4").starts_with(
+                "invalid setting `outer-compression` = topk:0.01+int4: `none` with `delta-of-mean`"
+            ),
+            "{}",
+            slowmo("topk:0.01+int4")
+        );
+        assert!(slowmo("bf16").starts_with("invalid setting `outer-compression` = bf16: "));
+        // Other algorithms take no outer setting, codec settings included.
+        let err = OuterSettings::resolve(
+            AlgorithmKind::PostLocalSgd,
+            4,
+            &[],
+            &OuterOptions {
+                error_feedback: Some(true),
+                ..OuterOptions::default()
+            },
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().starts_with(
+                "invalid setting `outer-error-feedback` = true: unset: outer settings apply"
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn settings_built_in_code_are_checked_by_validate() {
+        let mut spec = AlgorithmSpec::diloco(8);
+        let outer = spec.outer.as_mut().unwrap();
+        outer.compression = Some(OuterCompression::lossy("int8".parse().unwrap()));
+        spec.validate(2).unwrap();
+        let Some(OuterCompression::Lossy { spec: codec, .. }) =
+            &mut outer_mut(&mut spec).compression
+        else {
+            unreachable!()
+        };
+        codec.chunk = 0;
+        assert!(
+            spec.validate(2)
+                .unwrap_err()
+                .to_string()
+                .starts_with("invalid setting `outer-compression-chunk` = 0: ")
+        );
+        let mut slowmo = AlgorithmSpec::slowmo(3, 48);
+        outer_mut(&mut slowmo).compression = Some(Precision::Fp16.into());
+        assert_eq!(outer_mut(&mut slowmo).reduce, PseudoGradient::DeltaOfMean);
+        assert!(slowmo.validate(2).unwrap_err().to_string().starts_with(
+            "invalid setting `outer-compression` = fp16: `none` with `delta-of-mean`"
+        ));
+    }
+
+    fn outer_mut(spec: &mut AlgorithmSpec) -> &mut OuterSettings {
+        spec.outer.as_mut().unwrap()
+    }
+
+    #[test]
+    fn outer_compression_parses_names_and_codecs_and_names_bad_values() {
+        for text in [
+            "none",
+            "fp16",
+            "bf16",
+            "int8",
+            "int4",
+            "topk:0.01",
+            "topk:0.5+int8",
+            "topk:1+int4",
+        ] {
+            let kind: OuterCompressionKind = text.parse().unwrap();
+            assert_eq!(kind.to_string(), text);
+            assert_eq!(OuterCompressionKind::from(kind.compression()), kind);
+        }
+        assert_eq!(kind("none"), None);
+        assert_eq!(kind("bf16"), Some(OuterCompression::Half(Precision::Bf16)));
+        assert_eq!(
+            kind("int8"),
+            Some(OuterCompression::lossy("int8".parse().unwrap()))
+        );
+        let err = |text: &str| {
+            text.parse::<OuterCompressionKind>()
+                .unwrap_err()
+                .to_string()
+        };
+        assert_eq!(
+            err("fp32"),
+            "invalid setting `outer-compression` = fp32: one of `none`, `fp16`, `bf16`, `int8`, \
+             `int4`, `topk:F`, `topk:F+int8`, `topk:F+int4` (0 < F <= 1)"
+        );
+        assert_eq!(
+            err("topk:1.5"),
+            "invalid setting `outer-compression` = topk:1.5: topk fraction 1.5 is outside (0, 1] \
+             (valid: topk:F with 0 < F <= 1, optionally +int8 or +int4)"
+        );
+        assert!(err("topk:0.1+int2").contains("unknown topk quantizer \"int2\""));
+    }
 
     #[test]
     fn auto_pipelines_across_hosts_unless_a_rank_shares_cores() {

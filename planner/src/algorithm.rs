@@ -1,6 +1,6 @@
 //! The algorithms the cost model knows, and their names.
 
-use localsgd_averagers::Level;
+use localsgd_averagers::{Level, OuterCompression};
 use localsgd_pipeline::settings::Levels;
 use serde::Serialize;
 
@@ -31,16 +31,18 @@ pub enum Algorithm {
     /// An outer-optimizer step over the world after every `period` local steps (DiLoCo,
     /// SlowMo: gradient all-reduce during the warmup, then syncs after iterations
     /// `warmup + period − 1`, `warmup + 2·period − 1`, ...). A sync sends what an average
-    /// does: the layout check and one all-reduce of the parameters (pseudo-gradients).
+    /// does: the layout check and one all-reduce of the parameters (pseudo-gradients); with a
+    /// lossy codec, the layout check and one all-gather of every rank's message.
     Outer {
         /// Local steps between syncs.
         period: u64,
         /// SlowMo's slow step (`slowmo`) rather than DiLoCo's outer SGD (`diloco`); the
         /// traffic is the same.
         slowmo: bool,
-        /// Pseudo-gradients sent in half precision (`outer-compression`): 2 bytes a
-        /// parameter instead of 4.
-        compressed: bool,
+        /// The pseudo-gradients' wire format (`outer-compression`; `None`: f32, 4 bytes a
+        /// parameter): half precision all-reduced (2 bytes a parameter), or a lossy codec's
+        /// messages of [`OuterCompression::wire_bytes`] all-gathered.
+        compression: Option<OuterCompression>,
     },
 }
 

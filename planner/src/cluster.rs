@@ -117,6 +117,29 @@ impl Cluster {
         }
     }
 
+    /// Seconds to all-gather `bytes` from every rank in every block of `size` consecutive ranks
+    /// at once (a lossy codec's pseudo-gradient messages; one call, in no pieces), and the bytes
+    /// each host link carries in one direction. Every rank receives the others' messages: inside
+    /// a host `(size − 1)·bytes` each; across hosts, as for an all-reduce, only the hosts count,
+    /// each link carrying the messages of the other hosts' ranks once,
+    /// `(hosts − 1)/hosts · size · bytes` (not yet measured against the backends).
+    pub(crate) fn allgather(&self, size: usize, bytes: f64) -> (f64, f64) {
+        if size <= 1 {
+            return (0.0, 0.0);
+        }
+        let hosts = self.max_spanned(size);
+        if hosts <= 1 {
+            let share = (size as f64 - 1.0) * bytes;
+            (
+                self.intra_latency_s + share / self.intra_bytes_per_second,
+                0.0,
+            )
+        } else {
+            let share = (hosts as f64 - 1.0) / hosts as f64 * size as f64 * bytes;
+            (self.link.latency_s + share / self.link.goodput(), share)
+        }
+    }
+
     /// Seconds of a control collective (a few words) in blocks of `size` ranks.
     pub(crate) fn control(&self, size: usize) -> f64 {
         if size <= 1 {
@@ -198,5 +221,33 @@ mod tests {
         assert_eq!(c2.hosts_spanned(2, 2), 1);
         assert_eq!(c2.allreduce(2, 1000.0).1, 0.0);
         assert_eq!(c2.allreduce(1, 1000.0), (0.0, 0.0));
+    }
+
+    #[test]
+    fn an_all_gather_brings_every_other_hosts_messages_over_each_link() {
+        // 4 hosts x 2 ranks, 1000 bytes from each rank: the 6 messages of the other 3 hosts
+        // cross each link once, in one call (no pieces, whatever the piece size).
+        let mut c8 = Cluster::new(
+            Layout {
+                hosts: 4,
+                ranks_per_host: 2,
+            },
+            Link::gbit(1.0, 50e-6),
+        );
+        c8.piece_bytes = 100.0;
+        let (t, bytes) = c8.allgather(8, 1000.0);
+        close(bytes, 6000.0);
+        close(t, 50e-6 + 6000.0 / c8.link.goodput());
+        // A group of 4 spans 2 hosts: the other host's 2 messages.
+        close(c8.allgather(4, 1000.0).1, 2000.0);
+        // Inside a host: each rank takes the other's message over shared memory.
+        let (t, bytes) = c8.allgather(2, 1000.0);
+        close(bytes, 0.0);
+        close(t, 5e-6 + 1000.0 / 5e9);
+        assert_eq!(c8.allgather(1, 1000.0), (0.0, 0.0));
+        // Half an all-reduce's bytes per rank cross the links as an all-gather of the world's
+        // messages: 2 hosts x 2 ranks, int8 (1 byte a value) against fp16 (2 bytes a value).
+        let c4 = two_hosts(2);
+        close(c4.allgather(4, 1000.0).1, c4.allreduce(4, 2000.0).1);
     }
 }

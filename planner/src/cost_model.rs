@@ -120,9 +120,20 @@ impl<'a> CostModel<'a> {
         bucket.idle += work.compute_s + work.overhead_s;
         for c in self.schedule.iteration(i) {
             if c.data && c.bytes > 8 {
-                let (t, b) = cluster.allreduce(c.group, c.bytes as f64);
-                // Flatten before the data flows, write back after: half the copy each side.
-                let copy = c.bytes as f64 / work.copy_bytes_per_second;
+                let (t, b) = if c.gather {
+                    cluster.allgather(c.group, c.bytes as f64)
+                } else {
+                    cluster.allreduce(c.group, c.bytes as f64)
+                };
+                // Flatten before the data flows, write back after: half the copy each side. A
+                // gathered message is flattened and written back as f32 values (the codec's
+                // encoding and decoding are not modelled).
+                let copied = if c.gather {
+                    (work.params as f64) * 4.0
+                } else {
+                    c.bytes as f64
+                };
+                let copy = copied / work.copy_bytes_per_second;
                 let t = if b > 0.0 {
                     let credit = bucket.spend(b, cluster.link.latency_s + copy / 2.0, copy / 2.0);
                     // The credit passes at the path's rate rather than the goodput (never

@@ -9,7 +9,8 @@ use crate::predict::{Prediction, predict, run_seconds};
 use crate::recommend::{recommend_levels, recommend_period};
 use crate::schedule::Schedule;
 use crate::workload::Workload;
-use localsgd_averagers::Level;
+use localsgd_averagers::{Level, OuterCompression};
+use localsgd_comm::codec::CodecError;
 
 /// The most iterations a [`RunListing`] lists (three numbers each).
 pub const MAX_LISTED_STEPS: u64 = 1_000_000;
@@ -92,8 +93,9 @@ pub struct PlanInputs {
     pub log_every: u64,
     /// Gradients compressed to fp16/bf16.
     pub compressed: bool,
-    /// DiLoCo's and SlowMo's pseudo-gradients compressed to fp16/bf16.
-    pub outer_compressed: bool,
+    /// DiLoCo's and SlowMo's pseudo-gradients on the wire (`None`: f32): half precision, or a lossy codec
+    /// (its bytes per sync [`OuterCompression::wire_bytes`], all-gathered).
+    pub outer_compression: Option<OuterCompression>,
     /// Pipelined gradient sync.
     pub pipelined: bool,
     /// Target share of communication in a steady iteration, for the recommendations.
@@ -130,7 +132,7 @@ impl Default for PlanInputs {
             warmup: 0,
             log_every: 0,
             compressed: false,
-            outer_compressed: false,
+            outer_compression: None,
             pipelined: true,
             target_comm_share: 0.1,
             steps: None,
@@ -198,6 +200,16 @@ impl PlanInputs {
         }
         if self.params == 0 {
             return Err(invalid_input("params", 0, "at least 1 parameter"));
+        }
+        if let Some(c) = self.outer_compression
+            && let (Err(e), OuterCompression::Lossy { spec, .. }) = (c.validate(), c)
+        {
+            return Err(match e {
+                CodecError::ZeroChunk | CodecError::ChunkTooLarge { .. } => {
+                    invalid_input("outer-compression-chunk", spec.chunk, &e.to_string())
+                }
+                e => invalid_input("outer-compression", spec.codec, &e.to_string()),
+            });
         }
         let cluster = self.cluster()?;
         let workload = self.workload()?;
@@ -292,7 +304,7 @@ impl PlanInputs {
             "diloco" | "slowmo" => Algorithm::Outer {
                 period: self.period,
                 slowmo: name == "slowmo",
-                compressed: self.outer_compressed,
+                compression: self.outer_compression,
             },
             other => {
                 return Err(PlanError::UnknownAlgorithm {
@@ -382,6 +394,7 @@ fn bytes_per_second_or_unlimited(flag: &'static str, gbps: f64) -> Result<f64, P
 #[cfg(test)]
 mod tests {
     use super::*;
+    use localsgd_comm::Precision;
 
     fn inputs() -> PlanInputs {
         PlanInputs {
@@ -460,6 +473,28 @@ mod tests {
             }),
             PlanError::StreamingDiloco.to_string()
         );
+        // A lossy codec's chunk and fraction, named as the flags that give them.
+        let lossy = |codec: &str, chunk| {
+            let mut c = OuterCompression::lossy(codec.parse().unwrap());
+            if let OuterCompression::Lossy { spec, .. } = &mut c {
+                spec.chunk = chunk;
+            }
+            Some(c)
+        };
+        assert_eq!(
+            err(PlanInputs {
+                outer_compression: lossy("int8", 0),
+                ..inputs()
+            }),
+            "invalid --outer-compression-chunk 0: codec chunk 0 is invalid (valid: chunk >= 1)"
+        );
+        assert!(
+            err(PlanInputs {
+                outer_compression: lossy("topk:0.1", 70000),
+                ..inputs()
+            })
+            .starts_with("invalid --outer-compression-chunk 70000: codec chunk 70000 is too large")
+        );
         // The cost model's own checks come through as they are.
         assert!(
             err(PlanInputs {
@@ -476,7 +511,7 @@ mod tests {
             hosts: 4,
             ranks_per_host: 2,
             overlap: 1,
-            outer_compressed: true,
+            outer_compression: Some(Precision::Fp16.into()),
             algorithms: [
                 " ddp",
                 "local-sgd",
@@ -505,7 +540,7 @@ mod tests {
             Algorithm::Outer {
                 period: 4,
                 slowmo: false,
-                compressed: true
+                compression: Some(Precision::Fp16.into())
             }
         );
         // Given levels win over the default ones.

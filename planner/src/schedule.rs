@@ -3,7 +3,7 @@
 use crate::algorithm::Algorithm;
 use crate::error::{PlanError, invalid};
 use crate::workload::Workload;
-use localsgd_averagers::validate_levels;
+use localsgd_averagers::{OuterCompression, validate_levels};
 use localsgd_pipeline::settings::Levels;
 
 /// One collective of an iteration: group size, payload bytes, and whether it is float data.
@@ -17,6 +17,9 @@ pub struct Collective {
     pub data: bool,
     /// Run behind the next iterations' compute (an overlapped average), not in sequence.
     pub overlapped: bool,
+    /// An all-gather of `bytes` from every rank (a lossy codec's messages) rather than an
+    /// all-reduce of `bytes`.
+    pub gather: bool,
 }
 
 /// Which collectives every iteration issues.
@@ -39,9 +42,18 @@ impl Schedule {
         }
         match algorithm {
             Algorithm::Ddp => {}
-            Algorithm::Outer { period, .. } => {
+            Algorithm::Outer {
+                period,
+                compression,
+                ..
+            } => {
                 if *period == 0 {
                     return Err(invalid("period", 0, "a period of at least 1"));
+                }
+                if let Some(c) = compression
+                    && let Err(e) = c.validate()
+                {
+                    return Err(invalid("outer-compression", c, &e.to_string()));
                 }
             }
             Algorithm::Periodic {
@@ -94,11 +106,13 @@ impl Schedule {
         let grad_bytes = self
             .params
             .saturating_mul(if self.compressed { 2 } else { 4 });
+        let params_f32 = self.params.saturating_mul(4);
         let mut out = vec![Collective {
             group: w,
             bytes: 8,
             data: false,
             overlapped: false,
+            gather: false,
         }];
         let gradients = |out: &mut Vec<Collective>| {
             // Gradients are first averaged in iteration 0 whenever they are averaged at all.
@@ -108,6 +122,7 @@ impl Schedule {
                     bytes: 8,
                     data: false,
                     overlapped: false,
+                    gather: false,
                 });
             }
             // A plain mean over one rank is the identity: the reducer hands the gradients on
@@ -120,10 +135,16 @@ impl Schedule {
                 bytes: grad_bytes,
                 data: true,
                 overlapped: false,
+                gather: false,
             })
         };
-        // `width`: bytes a parameter takes on the wire (4; 2 for compressed pseudo-gradients).
-        let average = |out: &mut Vec<Collective>, group: usize, overlapped: bool, width: u64| {
+        // `bytes`: each rank's payload (4 a parameter; less for compressed pseudo-gradients);
+        // `gather`: all-gathered (a lossy codec's messages) rather than all-reduced.
+        let average = |out: &mut Vec<Collective>,
+                       group: usize,
+                       overlapped: bool,
+                       bytes: u64,
+                       gather: bool| {
             // Averaging over one rank is the identity and communicates nothing.
             if group <= 1 {
                 return;
@@ -133,12 +154,14 @@ impl Schedule {
                 bytes: 32,
                 data: false,
                 overlapped: false,
+                gather: false,
             });
             out.push(Collective {
                 group,
-                bytes: self.params.saturating_mul(width),
+                bytes,
                 data: true,
                 overlapped,
+                gather,
             });
         };
         match &self.algorithm {
@@ -160,18 +183,28 @@ impl Schedule {
                             bytes: 8,
                             data: false,
                             overlapped: false,
+                            gather: false,
                         });
                     }
-                    average(&mut out, w, *overlap > 0, 4);
+                    average(&mut out, w, *overlap > 0, params_f32, false);
                 }
             }
             Algorithm::Outer {
-                period, compressed, ..
+                period,
+                compression,
+                ..
             } => {
                 if i < self.warmup {
                     gradients(&mut out);
                 } else if (i - self.warmup + 1).is_multiple_of(*period) {
-                    average(&mut out, w, false, if *compressed { 2 } else { 4 });
+                    let gather = matches!(compression, Some(OuterCompression::Lossy { .. }));
+                    average(
+                        &mut out,
+                        w,
+                        false,
+                        pseudo_gradient_bytes(*compression, self.params),
+                        gather,
+                    );
                 }
             }
             Algorithm::Hierarchical { levels } => {
@@ -179,7 +212,7 @@ impl Schedule {
                     gradients(&mut out);
                 } else if let Some(level) = levels.iter().rev().find(|l| i.is_multiple_of(l.period))
                 {
-                    average(&mut out, level.group_size, false, 4);
+                    average(&mut out, level.group_size, false, params_f32, false);
                 }
             }
         }
@@ -189,6 +222,7 @@ impl Schedule {
                 bytes: 8,
                 data: true,
                 overlapped: false,
+                gather: false,
             });
         }
         out
@@ -213,6 +247,23 @@ impl Schedule {
             c = lcm(c, self.log_every);
         }
         c
+    }
+}
+
+/// Bytes one rank sends of a sync's pseudo-gradient of `params` values: 4 a value in f32, 2 in
+/// half precision, a lossy codec's message ([`OuterCompression::wire_bytes`], taken chunk by
+/// chunk so that no count overflows).
+pub(crate) fn pseudo_gradient_bytes(compression: Option<OuterCompression>, params: u64) -> u64 {
+    match compression {
+        None => params.saturating_mul(4),
+        Some(OuterCompression::Half(_)) => params.saturating_mul(2),
+        Some(c @ OuterCompression::Lossy { spec, .. }) => {
+            // A message is its full chunks' bytes plus the last, shorter chunk's.
+            let chunk = spec.chunk.max(1) as u64;
+            let (full, tail) = (params / chunk, params % chunk);
+            full.saturating_mul(c.wire_bytes(chunk as usize) as u64)
+                .saturating_add(c.wire_bytes(tail as usize) as u64)
+        }
     }
 }
 
@@ -319,6 +370,71 @@ mod tests {
         assert_eq!(s.payload(2), (8, 0));
         assert_eq!(s.payload(6), (8, 0));
         assert_eq!(s.payload(4), (8 + 32 + 4000, 4000));
+    }
+
+    #[test]
+    fn an_outer_sync_sends_the_pseudo_gradient_in_its_wire_format() {
+        use localsgd_comm::Precision;
+        use localsgd_comm::codec::{CodecSpec, Rounding};
+        let outer = |compression| Algorithm::Outer {
+            period: 3,
+            slowmo: false,
+            compression,
+        };
+        let lossy = |codec: &str, chunk| {
+            Some(OuterCompression::Lossy {
+                spec: CodecSpec {
+                    codec: codec.parse().unwrap(),
+                    chunk,
+                    rounding: Rounding::Nearest,
+                },
+                error_feedback: true,
+            })
+        };
+        let w = work(1000, 1e-3);
+        // (compression, bytes each rank sends per sync, all-gathered).
+        for (compression, bytes, gather) in [
+            (None, 4000, false),
+            (Some(Precision::Fp16.into()), 2000, false),
+            (Some(Precision::Bf16.into()), 2000, false),
+            // 7 chunks of 128 values and one of 104: 1 byte a value, a 4-byte scale a chunk.
+            (lossy("int8", 128), 1000 + 8 * 4, true),
+            (lossy("int4", 128), 500 + 8 * 4, true),
+            // ceil(0.01 * 1000) = 10 values of the one chunk, a u16 offset and an f32 each.
+            (lossy("topk:0.01", 1024), 10 * 6, true),
+            // 7 chunks of 13 kept (ceil 12.8) and one of 11 (ceil 10.4), with int4 values.
+            (
+                lossy("topk:0.1+int4", 128),
+                7 * (4 + 26 + 7) + (4 + 22 + 6),
+                true,
+            ),
+        ] {
+            let s = Schedule::new(&outer(compression), 2, &w).unwrap();
+            assert_eq!(s.payload(1), (8, 0));
+            assert_eq!(s.payload(2), (8 + 32 + bytes, bytes), "{compression:?}");
+            let sync = s.iteration(2)[2];
+            assert_eq!(
+                (sync.bytes, sync.gather),
+                (bytes, gather),
+                "{compression:?}"
+            );
+            assert_eq!(pseudo_gradient_bytes(compression, 1000), bytes);
+            if let Some(c) = compression {
+                assert_eq!(c.wire_bytes(1000) as u64, bytes);
+            }
+        }
+        // A count too large for one message's arithmetic saturates rather than overflowing.
+        assert_eq!(pseudo_gradient_bytes(lossy("int8", 1), u64::MAX), u64::MAX);
+        // A codec the averager would refuse is refused here too.
+        let e = Schedule::new(&outer(lossy("topk:0.5", 0)), 2, &w).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("`outer-compression` = topk:0.5 (chunk 0): codec chunk 0 is invalid"),
+            "{e}"
+        );
+        // One rank sends nothing.
+        let s = Schedule::new(&outer(lossy("int8", 128)), 1, &w).unwrap();
+        assert_eq!(s.payload(2), (8, 0));
     }
 
     #[test]

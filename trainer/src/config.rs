@@ -4,10 +4,11 @@
 use crate::cli::{Widths, parse_widths};
 pub use crate::pipeline::{Accumulation, BufferPolicy};
 use localsgd_averagers::PseudoGradient;
-use localsgd_comm::Precision;
+use localsgd_comm::codec::Rounding;
 use localsgd_pipeline::algorithm::AlgorithmSpec;
 pub use localsgd_pipeline::settings::{
-    AlgorithmKind, Compression, Levels, OuterOptions, OuterSettings, PipelineBuckets, SettingError,
+    AlgorithmKind, Compression, Levels, OuterCompressionKind, OuterOptions, OuterSettings,
+    PipelineBuckets, SettingError,
 };
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -66,6 +67,26 @@ impl From<OuterReduce> for PseudoGradient {
         match r {
             OuterReduce::MeanOfDeltas => PseudoGradient::MeanOfDeltas,
             OuterReduce::DeltaOfMean => PseudoGradient::DeltaOfMean,
+        }
+    }
+}
+
+/// How a lossy `outer-compression` rounds values to integers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum OuterRounding {
+    /// To nearest, ties to even.
+    Nearest,
+    /// Up or down at random, unbiased, drawn from `seed`, the outer step and the rank.
+    Stochastic,
+}
+
+impl OuterRounding {
+    /// The codec's rounding, stochastic drawn from the run's `seed`.
+    pub fn rounding(self, seed: u64) -> Rounding {
+        match self {
+            OuterRounding::Nearest => Rounding::Nearest,
+            OuterRounding::Stochastic => Rounding::Stochastic { seed },
         }
     }
 }
@@ -430,15 +451,46 @@ settings! {
         #[setting(type = "`mean-of-deltas` | `delta-of-mean`, optional", unset = "per algorithm")]
         #[arg(value_enum)]
         outer_reduce: Option<OuterReduce> as OuterReduce = None,
-        /// Send the pseudo-gradients of `diloco` and `streaming-diloco` in half precision.
+        /// Send the pseudo-gradients of `diloco` and `streaming-diloco` compressed: in half
+        /// precision, or quantized or sparsified by a lossy codec.
         ///
-        /// Each rank's `θ − x_r` is rounded once, divided by the world size and summed in that
-        /// precision, as the gradient `compression` does (OpenDiLoCo all-reduces them in fp16):
-        /// half the bytes of a sync. Needs `mean-of-deltas`, so `slowmo` refuses it. Unset or
-        /// `none`: full precision. Part of the checkpoint identity.
-        #[setting(type = "`none` | `fp16` | `bf16`, optional", unset = "`none`")]
+        /// `fp16`, `bf16`: each rank's `θ − x_r` is rounded once, divided by the world size and
+        /// summed in that precision, as the gradient `compression` does (OpenDiLoCo all-reduces
+        /// them in fp16): half the bytes of a sync. `int8`, `int4`: every value quantized with
+        /// one f32 scale per chunk of `outer-compression-chunk` values (INTELLECT-1's int8);
+        /// `topk:F`: the share F (0 < F ≤ 1) of each chunk's largest values with their u16
+        /// offsets, as f32; `topk:F+int8`, `topk:F+int4`: those values quantized. A lossy
+        /// codec's messages are all-gathered and every rank decodes and sums them in rank order
+        /// (book: Semantics, "11. Lossy compression of pseudo-gradients"); with
+        /// `outer-error-feedback` what a message left out is added to the next one. Needs
+        /// `mean-of-deltas`, so `slowmo` refuses it. Unset or `none`: full precision. Part of
+        /// the checkpoint identity.
+        #[setting(type = "`none` | `fp16` | `bf16` | `int8` | `int4` | `topk:F` | `topk:F+int8` | `topk:F+int4`, optional", unset = "`none`")]
+        outer_compression: Option<OuterCompressionKind> as OuterCompressionKind = None,
+        /// A lossy `outer-compression`'s chunk: the values that share one scale and, for
+        /// top-k, are selected from together.
+        ///
+        /// Each chunk adds 4 bytes (its f32 scale) to a message. At most 65,536 with top-k,
+        /// whose offsets are u16. Unset: 1024; `none`, `fp16` and `bf16` refuse it. Part of the
+        /// checkpoint identity.
+        #[setting(type = "integer ≥ 1, optional", unset = "1024")]
+        #[arg(allow_negative_numbers = true)]
+        outer_compression_chunk: Option<usize> as usize = None,
+        /// How a lossy `outer-compression` rounds values to integers.
+        ///
+        /// `stochastic` draws from `seed`, the outer step and the rank, so runs repeat exactly.
+        /// Unset: `nearest`. `topk:F` (f32 values, nothing rounded) refuses `stochastic`;
+        /// `none`, `fp16` and `bf16` refuse the setting. Part of the checkpoint identity.
+        #[setting(type = "`nearest` | `stochastic`, optional", unset = "`nearest`")]
         #[arg(value_enum)]
-        outer_compression: Option<Compression> as Compression = None,
+        outer_rounding: Option<OuterRounding> as OuterRounding = None,
+        /// Error feedback for a lossy `outer-compression`: what a rank's message left out of its
+        /// pseudo-gradient is added to its next one.
+        ///
+        /// The residual is kept per fragment and saved in checkpoints. Unset: true; `none`,
+        /// `fp16` and `bf16` refuse the setting. Part of the checkpoint identity.
+        #[setting(type = "bool, optional", unset = "true")]
+        outer_error_feedback: Option<bool> as bool = None,
         /// `streaming-diloco`: the number of fragments the parameters sync in, taking turns.
         ///
         /// Fragments are contiguous runs of whole tensors in the model's order, the first ones
@@ -904,11 +956,12 @@ impl TrainConfig {
             momentum: self.outer_momentum,
             nesterov: self.outer_nesterov,
             reduce: self.outer_reduce.map(Into::into),
-            compression: match self.outer_compression {
-                None | Some(Compression::None) => None,
-                Some(Compression::Fp16) => Some(Precision::Fp16),
-                Some(Compression::Bf16) => Some(Precision::Bf16),
-            },
+            compression: self
+                .outer_compression
+                .and_then(OuterCompressionKind::compression),
+            compression_chunk: self.outer_compression_chunk,
+            rounding: self.outer_rounding.map(|r| r.rounding(self.seed)),
+            error_feedback: self.outer_error_feedback,
             fragments: self.fragments,
             fragment_sync_delay: self.fragment_sync_delay,
             fragment_alpha: self.fragment_alpha,

@@ -167,6 +167,9 @@ fn compare(flags: &ConfigFlags) -> Result<()> {
             cfg.outer_nesterov = None;
             cfg.outer_reduce = None;
             cfg.outer_compression = None;
+            cfg.outer_compression_chunk = None;
+            cfg.outer_rounding = None;
+            cfg.outer_error_feedback = None;
         }
         if algorithm != AlgorithmKind::StreamingDiloco {
             cfg.fragments = None;

@@ -6,8 +6,9 @@
 //! (`PlanInputs`); this file reads the flags and prints.
 
 use anyhow::{Context, Result};
+use localsgd_averagers::OuterCompression;
 use localsgd_planner::{Plan, PlanError, PlanInputs};
-use localsgd_trainer::config::{Compression, Levels};
+use localsgd_trainer::config::{Compression, Levels, OuterCompressionKind};
 use localsgd_trainer::model::MlpConfig;
 use std::path::PathBuf;
 
@@ -108,9 +109,15 @@ pub(crate) struct PlanFlags {
     /// Gradient compression.
     #[arg(long, value_enum, default_value = "none")]
     compression: Compression,
-    /// diloco: pseudo-gradient compression (2 bytes a parameter per sync).
-    #[arg(long, value_enum, default_value = "none")]
-    outer_compression: Compression,
+    /// diloco: pseudo-gradient compression, as `localsgd train --outer-compression`: none,
+    /// fp16, bf16 (2 bytes a parameter per sync, all-reduced), int8, int4, topk:F,
+    /// topk:F+int8, topk:F+int4 (the codec's message per sync, all-gathered).
+    #[arg(long, default_value = "none")]
+    outer_compression: OuterCompressionKind,
+    /// diloco: a lossy --outer-compression's chunk, as `localsgd train
+    /// --outer-compression-chunk` (4 bytes of scale per chunk; default 1024).
+    #[arg(long)]
+    outer_compression_chunk: Option<usize>,
     /// Pipelined gradient sync (true: the binary's `--pipeline-buckets on`, or `auto` with ranks
     /// on more than one host and no rank sharing cores; false: `off`, or `auto` on one host or
     /// where ranks share cores).
@@ -171,7 +178,19 @@ impl PlanFlags {
             warmup: self.warmup,
             log_every: self.log_every,
             compressed: self.compression != Compression::None,
-            outer_compressed: self.outer_compression != Compression::None,
+            outer_compression: self.outer_compression.compression().map(|c| match c {
+                OuterCompression::Lossy {
+                    mut spec,
+                    error_feedback,
+                } => {
+                    spec.chunk = self.outer_compression_chunk.unwrap_or(spec.chunk);
+                    OuterCompression::Lossy {
+                        spec,
+                        error_feedback,
+                    }
+                }
+                half => half,
+            }),
             pipelined: self.pipeline_buckets,
             target_comm_share: self.target_comm_share,
             steps: self.steps,
@@ -180,6 +199,15 @@ impl PlanFlags {
 }
 
 pub(crate) fn run(flags: &PlanFlags) -> Result<()> {
+    if let (Some(chunk), OuterCompressionKind::None | OuterCompressionKind::Half(_)) =
+        (flags.outer_compression_chunk, flags.outer_compression)
+    {
+        anyhow::bail!(
+            "invalid --outer-compression-chunk {chunk}: leave it out with --outer-compression {}; \
+             chunks are the lossy codecs' (int8, int4, topk:F, topk:F+int8, topk:F+int4)",
+            flags.outer_compression
+        );
+    }
     let params = match flags.params() {
         Ok(params) => params,
         Err(mlp) => {

@@ -82,11 +82,13 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod compression;
 mod sgd;
 mod slowmo;
 mod state;
 mod streaming;
 
+pub use compression::{DEFAULT_CHUNK, OuterCompression};
 pub use sgd::{OuterSgd, OuterSgdConfig};
 pub use slowmo::SlowMoConfig;
 pub use state::{FragmentState, OuterState, PendingDelta};
@@ -100,6 +102,9 @@ use crate::periodic::PeriodicModelAverager;
 use crate::state::{AveragerConfig, AveragerState};
 use burn::module::Module;
 use half::{bf16, f16};
+use localsgd_comm::codec::{
+    CodecSpec, ErrorFeedback, encode_with_feedback, mean_of_messages, message_len,
+};
 use localsgd_comm::params::{FlatBuffer, ParamSelection, flatten_params, write_params};
 use localsgd_comm::precision::Compressible;
 use localsgd_comm::{
@@ -190,6 +195,9 @@ struct Global {
     /// from the start).
     sgd: Option<OuterSgd>,
     slow_momentum: Option<FlatBuffer>,
+    /// What the lossy codec's messages did not carry yet (error feedback); `None` until the
+    /// first lossy sync, or without error feedback.
+    feedback: Option<ErrorFeedback>,
 }
 
 /// A fragment's averaged pseudo-gradient on its way (Streaming DiLoCo with a delay), or
@@ -200,6 +208,14 @@ enum Transfer {
     /// In half precision on the wire; `wide`: the parameters are f64.
     F16(Pending<f16>, bool),
     Bf16(Pending<bf16>, bool),
+    /// Every rank's lossy message, gathered: decoded and averaged when it arrives (`n`
+    /// values, `world` ranks).
+    Gathered {
+        pending: Pending<u8>,
+        spec: CodecSpec,
+        n: usize,
+        world: usize,
+    },
     Ready(FlatBuffer),
 }
 
@@ -217,6 +233,17 @@ impl Transfer {
             Transfer::F64(p) => FlatBuffer::F64(p.wait()?),
             Transfer::F16(p, wide) => widen(p.wait()?, wide),
             Transfer::Bf16(p, wide) => widen(p.wait()?, wide),
+            Transfer::Gathered {
+                pending,
+                spec,
+                n,
+                world,
+            } => {
+                let gathered = pending.wait()?;
+                let mut mean = vec![0.0f32; n];
+                mean_of_messages(&spec, &gathered, world, n, &mut mean)?;
+                FlatBuffer::F32(mean)
+            }
             Transfer::Ready(b) => b,
         })
     }
@@ -253,7 +280,7 @@ pub struct OuterAverager {
     /// taken.
     global: Vec<Global>,
     outer_steps: u64,
-    compression: Option<Precision>,
+    compression: Option<OuterCompression>,
     streaming: Option<Streaming>,
     /// SlowMo's two frequencies (built by [`slowmo`](Self::slowmo)).
     slowmo: Option<SlowMoCadence>,
@@ -445,22 +472,34 @@ impl OuterAverager {
         Ok(self)
     }
 
-    /// Send the pseudo-gradients in half precision (`None`: full precision). OpenDiLoCo
-    /// all-reduces them in fp16 "without any performance degradation"; each rank's `θ − x_r` is
-    /// rounded to `precision` once, divided by the group size and summed there (the hooks'
-    /// compressed average), so a sync moves half the bytes of an f32 one. Needs
-    /// [`PseudoGradient::MeanOfDeltas`]: the deltas are small numbers; the parameters that
-    /// delta-of-mean averages are not, and rounding them would move the model itself.
-    pub fn with_compression(mut self, precision: Option<Precision>) -> Result<Self, AveragerError> {
-        if precision.is_some() && self.reduce == PseudoGradient::DeltaOfMean {
-            return Err(compression_needs_deltas(precision));
+    /// Send the pseudo-gradients compressed (`None`: full precision).
+    ///
+    /// [`OuterCompression::Half`]: OpenDiLoCo all-reduces them in fp16 "without any performance
+    /// degradation"; each rank's `θ − x_r` is rounded to the precision once, divided by the
+    /// group size and summed there (the hooks' compressed average), half the bytes of an f32
+    /// sync. [`OuterCompression::Lossy`]: int8, int4 or top-k messages (INTELLECT-1, Streaming
+    /// DiLoCo, SparseLoCo), all-gathered and summed in rank order (semantics §11), with error
+    /// feedback keeping per fragment what a message did not carry; f32 parameters only.
+    ///
+    /// Needs [`PseudoGradient::MeanOfDeltas`]: the deltas are small numbers; the parameters that
+    /// delta-of-mean averages are not, and rounding them would move the model itself. Errors
+    /// also on invalid codec settings.
+    pub fn with_compression(
+        mut self,
+        compression: Option<OuterCompression>,
+    ) -> Result<Self, AveragerError> {
+        if let Some(c) = &compression {
+            c.validate()?;
         }
-        self.compression = precision;
+        if compression.is_some() && self.reduce == PseudoGradient::DeltaOfMean {
+            return Err(compression_needs_deltas(compression));
+        }
+        self.compression = compression;
         Ok(self)
     }
 
-    /// The pseudo-gradients' wire precision (`None`: the parameters' own).
-    pub fn compression(&self) -> Option<Precision> {
+    /// The pseudo-gradients' wire format (`None`: the parameters' own precision).
+    pub fn compression(&self) -> Option<OuterCompression> {
         self.compression
     }
 
@@ -555,6 +594,7 @@ impl OuterAverager {
                 theta,
                 sgd,
                 slow_momentum,
+                feedback: None,
             });
         }
         self.global = global;
@@ -608,6 +648,10 @@ impl OuterAverager {
                     entries: self.global[f].entries.clone(),
                     theta: self.global[f].theta.clone(),
                     momentum: self.fragment_momentum(f).cloned(),
+                    residual: self.global[f]
+                        .feedback
+                        .as_ref()
+                        .map(|fb| fb.residual().to_vec()),
                 })
                 .collect(),
             pending,
@@ -658,11 +702,23 @@ impl OuterAverager {
                     }
                 },
             };
+            let feedback = match &frag.residual {
+                Some(r) if r.len() != frag.theta.len() => {
+                    return Err(AveragerError::Outer(format!(
+                        "the saved error-feedback residual has {} elements, its fragment {}",
+                        r.len(),
+                        frag.theta.len()
+                    )));
+                }
+                Some(r) => Some(ErrorFeedback::from_residual(r.clone())),
+                None => None,
+            };
             global.push(Global {
                 entries: frag.entries.clone(),
                 theta: frag.theta.clone(),
                 sgd,
                 slow_momentum,
+                feedback,
             });
         }
         self.global = global;
@@ -779,7 +835,10 @@ impl OuterAverager {
             check_agreement(&world, &flat)?;
         }
         let compression = self.compression;
-        let theta = &self.global[f].theta;
+        let round = self.outer_steps;
+        let g = &mut self.global[f];
+        let theta = &g.theta;
+        let feedback = feedback_of(&mut g.feedback, compression, theta.len());
         let Some(s) = self.streaming.as_mut() else {
             return Err(AveragerError::Outer("not a streaming averager".into()));
         };
@@ -797,10 +856,12 @@ impl OuterAverager {
         };
         let transfer = match (&flat.buffer, theta) {
             (FlatBuffer::F32(x), FlatBuffer::F32(t)) => {
-                mean_delta(difference(t, x), side, &world, compression)?
+                let codec = Lossy::new(compression, feedback, round);
+                mean_delta(difference(t, x), side, &world, codec)?
             }
             (FlatBuffer::F64(x), FlatBuffer::F64(t)) => {
-                mean_delta(difference(t, x), side, &world, compression)?
+                let codec = Lossy::new(compression, feedback, round);
+                mean_delta(difference(t, x), side, &world, codec)?
             }
             _ => return Err(type_changed()),
         };
@@ -851,6 +912,7 @@ impl OuterAverager {
         let compression = self.compression;
         let optimizer = self.optimizer;
         let inner_lr = self.inner_lr;
+        let round = self.outer_steps;
         let Some(g) = self.global.first_mut() else {
             return Err(not_taken());
         };
@@ -876,20 +938,22 @@ impl OuterAverager {
                 let delta = match (reduce, &mut flat.buffer, &g.theta) {
                     (PseudoGradient::MeanOfDeltas, FlatBuffer::F32(x), FlatBuffer::F32(t)) => {
                         let mut d = difference(t, x);
-                        group_mean(&world, &mut d, compression)?;
+                        let feedback = feedback_of(&mut g.feedback, compression, d.len());
+                        group_mean(&world, &mut d, Lossy::new(compression, feedback, round))?;
                         FlatBuffer::F32(d)
                     }
                     (PseudoGradient::MeanOfDeltas, FlatBuffer::F64(x), FlatBuffer::F64(t)) => {
                         let mut d = difference(t, x);
-                        group_mean(&world, &mut d, compression)?;
+                        let feedback = feedback_of(&mut g.feedback, compression, d.len());
+                        group_mean(&world, &mut d, Lossy::new(compression, feedback, round))?;
                         FlatBuffer::F64(d)
                     }
                     (PseudoGradient::DeltaOfMean, FlatBuffer::F32(x), FlatBuffer::F32(t)) => {
-                        group_mean(&world, x, None)?;
+                        group_mean(&world, x, Lossy::none())?;
                         FlatBuffer::F32(difference(t, x))
                     }
                     (PseudoGradient::DeltaOfMean, FlatBuffer::F64(x), FlatBuffer::F64(t)) => {
-                        group_mean(&world, x, None)?;
+                        group_mean(&world, x, Lossy::none())?;
                         FlatBuffer::F64(difference(t, x))
                     }
                     _ => return Err(type_changed()),
@@ -900,8 +964,8 @@ impl OuterAverager {
             }
             OuterOptimizer::SlowMo { lr, momentum } => {
                 match &mut flat.buffer {
-                    FlatBuffer::F32(x) => group_mean(&world, x, None)?,
-                    FlatBuffer::F64(x) => group_mean(&world, x, None)?,
+                    FlatBuffer::F32(x) => group_mean(&world, x, Lossy::none())?,
+                    FlatBuffer::F64(x) => group_mean(&world, x, Lossy::none())?,
                 }
                 if lr == 1.0 && momentum == 0.0 {
                     // fairscale's shortcut: the slow step is never computed.
@@ -968,6 +1032,10 @@ trait Wire: Element + Compressible {
     fn flat(values: Vec<Self>) -> FlatBuffer;
     /// Whether this is f64 (a half-precision transfer widens back to it).
     const WIDE: bool;
+    /// These values as f32 (what the lossy codecs encode); `None` for f64.
+    fn as_f32(v: &[Self]) -> Option<&[f32]>;
+    /// The same, to write.
+    fn as_f32_mut(v: &mut [Self]) -> Option<&mut [f32]>;
 }
 
 impl Wire for f32 {
@@ -978,6 +1046,12 @@ impl Wire for f32 {
         FlatBuffer::F32(values)
     }
     const WIDE: bool = false;
+    fn as_f32(v: &[Self]) -> Option<&[f32]> {
+        Some(v)
+    }
+    fn as_f32_mut(v: &mut [Self]) -> Option<&mut [f32]> {
+        Some(v)
+    }
 }
 
 impl Wire for f64 {
@@ -988,6 +1062,82 @@ impl Wire for f64 {
         FlatBuffer::F64(values)
     }
     const WIDE: bool = true;
+    fn as_f32(_: &[Self]) -> Option<&[f32]> {
+        None
+    }
+    fn as_f32_mut(_: &mut [Self]) -> Option<&mut [f32]> {
+        None
+    }
+}
+
+/// How one sync's pseudo-gradient travels: the averager's compression, and for a lossy codec
+/// the fragment's error feedback and the round (the outer-step count, which keys stochastic
+/// rounding).
+struct Lossy<'a> {
+    compression: Option<OuterCompression>,
+    feedback: Option<&'a mut ErrorFeedback>,
+    round: u64,
+}
+
+impl<'a> Lossy<'a> {
+    fn new(
+        compression: Option<OuterCompression>,
+        feedback: Option<&'a mut ErrorFeedback>,
+        round: u64,
+    ) -> Self {
+        Self {
+            compression,
+            feedback,
+            round,
+        }
+    }
+
+    /// Full precision.
+    fn none() -> Self {
+        Self::new(None, None, 0)
+    }
+
+    /// This rank's message for `d`: `d` plus the residual, encoded (the residual updated).
+    fn encode<T: Wire>(
+        &mut self,
+        spec: &CodecSpec,
+        d: &[T],
+        rank: usize,
+    ) -> Result<Vec<u8>, AveragerError> {
+        let d = T::as_f32(d).ok_or_else(|| {
+            AveragerError::Outer(format!(
+                "{} compression encodes f32 pseudo-gradients; these parameters are f64 \
+                 (valid: fp16, bf16 or none for f64 parameters)",
+                spec.codec
+            ))
+        })?;
+        let mut msg = Vec::with_capacity(message_len(spec, d.len()));
+        encode_with_feedback(
+            spec,
+            self.feedback.as_deref_mut(),
+            d,
+            self.round,
+            rank,
+            &mut msg,
+        )?;
+        Ok(msg)
+    }
+}
+
+/// The fragment's error feedback for a sync of `n` values (created at the first one), when
+/// `compression` is a lossy codec with error feedback.
+fn feedback_of(
+    slot: &mut Option<ErrorFeedback>,
+    compression: Option<OuterCompression>,
+    n: usize,
+) -> Option<&mut ErrorFeedback> {
+    match compression {
+        Some(OuterCompression::Lossy {
+            error_feedback: true,
+            ..
+        }) => Some(slot.get_or_insert_with(|| ErrorFeedback::new(n))),
+        _ => None,
+    }
 }
 
 /// The world's mean of the pseudo-gradient `d`: started on `side` (non-blocking) when given,
@@ -996,33 +1146,43 @@ fn mean_delta<T: Wire>(
     mut d: Vec<T>,
     side: Option<&mut AsyncGroup>,
     world: &Group,
-    compression: Option<Precision>,
+    codec: Lossy<'_>,
 ) -> Result<Transfer, AveragerError> {
     match side {
-        Some(side) => start_transfer(side, d, compression),
+        Some(side) => start_transfer(side, d, world, codec),
         None => {
-            group_mean(world, &mut d, compression)?;
+            group_mean(world, &mut d, codec)?;
             Ok(Transfer::Ready(T::flat(d)))
         }
     }
 }
 
-/// Start averaging `d` on `side` (in half precision with `compression`: rounded once, divided
-/// and summed there, as [`group_mean`]).
+/// Start averaging `d` on `side` (in half precision: rounded once, divided and summed there,
+/// as [`group_mean`]; a lossy codec: this rank's message encoded now, every rank's gathered).
 fn start_transfer<T: Wire>(
     side: &mut AsyncGroup,
     d: Vec<T>,
-    compression: Option<Precision>,
+    world: &Group,
+    mut codec: Lossy<'_>,
 ) -> Result<Transfer, AveragerError> {
-    Ok(match compression {
-        Some(Precision::Fp16) => Transfer::F16(
+    Ok(match codec.compression {
+        Some(OuterCompression::Half(Precision::Fp16)) => Transfer::F16(
             side.start_average(d.iter().map(|&x| x.to_f16()).collect())?,
             T::WIDE,
         ),
-        Some(Precision::Bf16) => Transfer::Bf16(
+        Some(OuterCompression::Half(Precision::Bf16)) => Transfer::Bf16(
             side.start_average(d.iter().map(|&x| x.to_bf16()).collect())?,
             T::WIDE,
         ),
+        Some(OuterCompression::Lossy { spec, .. }) => {
+            let msg = codec.encode(&spec, &d, world.rank())?;
+            Transfer::Gathered {
+                pending: side.start_all_gather_bytes(msg)?,
+                spec,
+                n: d.len(),
+                world: world.size(),
+            }
+        }
         None => T::transfer(side.start_average(d)?),
     })
 }
@@ -1064,29 +1224,41 @@ fn split_fragments(
     Ok(out)
 }
 
-/// `v` replaced by its mean over `world` (divide, then sum), on the wire in `compression` when
-/// given. One rank sends nothing (the mean of one replica is itself); compression still
-/// rounds there, as the wire would.
-fn group_mean<T: Element + Compressible>(
+/// `v` replaced by its mean over `world` (divide, then sum), on the wire as `codec` says. One
+/// rank sends nothing (the mean of one replica is itself); compression still rounds there, as
+/// the wire would.
+fn group_mean<T: Wire>(
     world: &Group,
     v: &mut [T],
-    compression: Option<Precision>,
+    mut codec: Lossy<'_>,
 ) -> Result<(), AveragerError> {
-    match (compression, world.size()) {
+    match (codec.compression, world.size()) {
         (None, 1) => {}
         (None, _) => world.average_slice(v)?,
-        (Some(p), 1) => round_to(v, p),
-        (Some(p), _) => average_compressed(&**world, v, p)?,
+        (Some(OuterCompression::Half(p)), 1) => round_to(v, p),
+        (Some(OuterCompression::Half(p)), _) => average_compressed(&**world, v, p)?,
+        (Some(OuterCompression::Lossy { spec, .. }), size) => {
+            let msg = codec.encode(&spec, v, world.rank())?;
+            let gathered = if size == 1 {
+                msg
+            } else {
+                let mut all = vec![0u8; msg.len() * size];
+                world.all_gather_bytes(&msg, &mut all)?;
+                all
+            };
+            let out = T::as_f32_mut(v).ok_or_else(type_changed)?;
+            mean_of_messages(&spec, &gathered, size, out.len(), out)?;
+        }
     }
     Ok(())
 }
 
-fn compression_needs_deltas(precision: Option<Precision>) -> AveragerError {
+fn compression_needs_deltas(compression: Option<OuterCompression>) -> AveragerError {
     AveragerError::Outer(format!(
-        "{} compression sends the pseudo-gradients θ − x_r in half precision, which needs the \
+        "{} compression sends the pseudo-gradients θ − x_r compressed, which needs the \
          mean-of-deltas reduction (valid: reduce mean-of-deltas with compression, or no \
          compression with delta-of-mean)",
-        precision.map_or("half-precision".to_string(), |p| p.to_string())
+        compression.map_or("half-precision".to_string(), |c| c.to_string())
     ))
 }
 

@@ -19,6 +19,9 @@ pub struct FragmentState {
     pub theta: FlatBuffer,
     /// Its outer momentum (`None`: torch's "no buffer yet", or momentum 0).
     pub momentum: Option<FlatBuffer>,
+    /// What the lossy codec's messages have not carried yet (error feedback, f32); `None`
+    /// without a lossy codec, without error feedback, or before its first sync.
+    pub residual: Option<Vec<f32>>,
 }
 
 /// A pseudo-gradient whose average was started (Streaming DiLoCo's prepare step) and not yet
@@ -48,11 +51,13 @@ pub struct PendingDelta {
 ///             entries: vec![(0, 2)],
 ///             theta: FlatBuffer::F32(vec![0.1, -3.0]),
 ///             momentum: Some(FlatBuffer::F32(vec![1e-7, 2.5])),
+///             residual: Some(vec![0.5, -1e-9]),
 ///         },
 ///         FragmentState {
 ///             entries: vec![(1, 1)],
 ///             theta: FlatBuffer::F32(vec![4.0]),
 ///             momentum: None,
+///             residual: None,
 ///         },
 ///     ],
 ///     pending: Some(PendingDelta { fragment: 1, delta: FlatBuffer::F32(vec![0.25]) }),
@@ -75,6 +80,9 @@ struct FragmentHeader {
     entries: Vec<(usize, usize)>,
     len: usize,
     momentum: bool,
+    /// An f32 error-feedback residual follows (absent in states written before it existed).
+    #[serde(default)]
+    residual: bool,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -117,6 +125,17 @@ impl OuterState {
                 )));
             }
         }
+        for (f, frag) in self.fragments.iter().enumerate() {
+            if let Some(r) = &frag.residual
+                && r.len() != frag.theta.len()
+            {
+                return Err(AveragerError::Outer(format!(
+                    "the saved error-feedback residual of fragment {f} has {} elements, its θ {}",
+                    r.len(),
+                    frag.theta.len()
+                )));
+            }
+        }
         if let Some(p) = &self.pending {
             let expected = self.fragments.get(p.fragment).map(|f| f.theta.len());
             if expected != Some(p.delta.len()) || dtype(&p.delta) != ty {
@@ -150,6 +169,7 @@ impl OuterState {
                     entries: f.entries.clone(),
                     len: f.theta.len(),
                     momentum: f.momentum.is_some(),
+                    residual: f.residual.is_some(),
                 })
                 .collect(),
             pending: self.pending.as_ref().map(|p| (p.fragment, p.delta.len())),
@@ -164,6 +184,10 @@ impl OuterState {
             push(&mut out, &f.theta);
             if let Some(m) = &f.momentum {
                 push(&mut out, m);
+            }
+            if let Some(r) = &f.residual {
+                r.iter()
+                    .for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
             }
         }
         if let Some(p) = &self.pending {
@@ -194,29 +218,42 @@ impl OuterState {
             other => return Err(bad(&format!("unknown element type {other}"))),
         };
         let mut data = &rest[hlen..];
-        let mut take = |elements: usize| -> Result<FlatBuffer, AveragerError> {
+        let mut take = |elements: usize, dtype: &str| -> Result<FlatBuffer, AveragerError> {
+            let width = if dtype == "f32" { 4 } else { width };
             let n = elements
                 .checked_mul(width)
                 .filter(|&n| n <= data.len())
                 .ok_or_else(|| bad("truncated data"))?;
             let (head, tail) = data.split_at(n);
             data = tail;
-            Ok(pull(&header.dtype, head))
+            Ok(pull(dtype, head))
         };
         let mut fragments = Vec::with_capacity(header.fragments.len().min(1 << 16));
         for f in &header.fragments {
-            let theta = take(f.len)?;
-            let momentum = if f.momentum { Some(take(f.len)?) } else { None };
+            let theta = take(f.len, &header.dtype)?;
+            let momentum = if f.momentum {
+                Some(take(f.len, &header.dtype)?)
+            } else {
+                None
+            };
+            let residual = match f.residual {
+                true => match take(f.len, "f32")? {
+                    FlatBuffer::F32(r) => Some(r),
+                    FlatBuffer::F64(_) => return Err(bad("the residual is not f32")),
+                },
+                false => None,
+            };
             fragments.push(FragmentState {
                 entries: f.entries.clone(),
                 theta,
                 momentum,
+                residual,
             });
         }
         let pending = match header.pending {
             Some((fragment, n)) => Some(PendingDelta {
                 fragment,
-                delta: take(n)?,
+                delta: take(n, &header.dtype)?,
             }),
             None => None,
         };

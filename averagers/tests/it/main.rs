@@ -4,6 +4,7 @@
 mod average_in_group;
 mod common;
 mod hierarchical_schedule;
+mod lossy_compression;
 mod optimizer_wrapper;
 mod outer_vectors;
 mod overlapped_averaging;

@@ -676,7 +676,7 @@ fn compressed_pseudo_gradients_round_once_and_average_in_half_precision() {
         let r = run(12, DType::F64, lr01, move |w| {
             Ok(Box::new(
                 OuterAverager::periodic(3, 0, OuterSgdConfig::diloco().into(), w)?
-                    .with_compression(Some(precision))?,
+                    .with_compression(Some(precision.into()))?,
             ))
         });
         for (k, (got, want)) in r.syncs.iter().zip(&expected).enumerate() {
@@ -705,7 +705,7 @@ fn compression_halves_the_bytes_of_a_sync_and_needs_mean_of_deltas() {
                 let mut a =
                     OuterAverager::periodic(1, 0, OuterSgdConfig::diloco().into(), world.clone())
                         .expect("averager")
-                        .with_compression(precision)
+                        .with_compression(precision.map(Into::into))
                         .expect("compression");
                 let model = scalar(1.0, DType::F32);
                 a.reset_global(&model, &ParamSelection::All).expect("reset");
@@ -736,7 +736,9 @@ fn compression_halves_the_bytes_of_a_sync_and_needs_mean_of_deltas() {
                 },
                 g,
             )
-            .and_then(|a| a.with_compression(Some(localsgd_averagers::comm::Precision::Fp16)))
+            .and_then(|a| {
+                a.with_compression(Some(localsgd_averagers::comm::Precision::Fp16.into()))
+            })
             .map(|_| ())
         })
         .expect("run")
@@ -746,7 +748,9 @@ fn compression_halves_the_bytes_of_a_sync_and_needs_mean_of_deltas() {
     let err = world
         .run(|g| {
             OuterAverager::periodic(3, 0, OuterSgdConfig::diloco().into(), g)
-                .and_then(|a| a.with_compression(Some(localsgd_averagers::comm::Precision::Bf16)))
+                .and_then(|a| {
+                    a.with_compression(Some(localsgd_averagers::comm::Precision::Bf16.into()))
+                })
                 .and_then(|a| a.with_reduce(PseudoGradient::DeltaOfMean))
                 .map(|_| ())
         })

@@ -485,7 +485,7 @@ fn frequency_zero_and_bad_slow_settings_are_refused_naming_the_value() {
     assert!(e.to_string().contains("delta-of-mean"), "{e}");
     let a = OuterAverager::slowmo(SlowMoConfig::default(), 0, world).expect("a");
     assert!(
-        a.with_compression(Some(localsgd_averagers::comm::Precision::Fp16))
+        a.with_compression(Some(localsgd_averagers::comm::Precision::Fp16.into()))
             .is_err()
     );
 }

@@ -4,7 +4,7 @@
 use super::error::CodecError;
 use super::quantize::{NoiseKey, dequantize, pack, quantize, read_scale, scale_of, unpack};
 use super::rng::noise_key;
-use super::spec::{Codec, CodecSpec, Rounding, message_len, topk_count};
+use super::spec::{Codec, CodecSpec, Quantizer, Rounding, message_len, topk_count};
 use super::topk::select;
 
 /// Encode `x` with `spec` into `out` (cleared first; it then holds exactly
@@ -40,7 +40,11 @@ pub fn encode(
         let base = (c * spec.chunk) as u64;
         match spec.codec {
             Codec::Int8 | Codec::Int4 => {
-                let q = spec.codec.quantizer().expect("int codecs quantize");
+                let q = if spec.codec == Codec::Int8 {
+                    Quantizer::Int8
+                } else {
+                    Quantizer::Int4
+                };
                 let scale = scale_of(chunk.iter().copied(), q);
                 out.extend_from_slice(&scale.to_le_bytes());
                 qs.clear();
@@ -109,7 +113,11 @@ pub fn decode(spec: &CodecSpec, msg: &[u8], n: usize, out: &mut [f32]) -> Result
         let len = chunk_out.len();
         match spec.codec {
             Codec::Int8 | Codec::Int4 => {
-                let q = spec.codec.quantizer().expect("int codecs quantize");
+                let q = if spec.codec == Codec::Int8 {
+                    Quantizer::Int8
+                } else {
+                    Quantizer::Int4
+                };
                 let scale = read_scale(&take4(msg, pos), pos)?;
                 pos += 4;
                 let bytes = q.packed_len(len);

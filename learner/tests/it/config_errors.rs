@@ -2,7 +2,10 @@
 //! the value and what would be valid (PyTorch Lightning's and PyTorch's rules).
 
 use burn::tensor::Device;
-use localsgd_learner::{AlgorithmKind, AlgorithmSpec, Levels, LocalSgdStrategy, StrategyConfig};
+use localsgd_learner::{
+    AlgorithmKind, AlgorithmSpec, Levels, LocalSgdStrategy, OuterCompression, OuterCompressionKind,
+    StrategyConfig,
+};
 
 fn refused(config: StrategyConfig, expected: &[&str]) {
     let err = LocalSgdStrategy::new(config, Device::flex())
@@ -63,6 +66,59 @@ fn levels_that_do_not_fit_the_ranks_are_refused() {
     // Text that is not levels never becomes a configuration.
     let err = "2:two".parse::<Levels>().unwrap_err();
     assert!(err.contains("\"2:two\" is not a list of levels"), "{err}");
+}
+
+/// A DiLoCo (or SlowMo) configuration with the pseudo-gradients sent as `codec` (`outer-compression`
+/// as the binary writes it) in chunks of `chunk`.
+fn compressed(mut algorithm: AlgorithmSpec, codec: &str, chunk: usize) -> StrategyConfig {
+    let mut c = codec.parse::<OuterCompressionKind>().unwrap().compression();
+    if let Some(OuterCompression::Lossy { spec, .. }) = &mut c {
+        spec.chunk = chunk;
+    }
+    algorithm.outer.as_mut().unwrap().compression = c;
+    StrategyConfig::new(algorithm)
+}
+
+#[test]
+fn pseudo_gradient_codecs_that_cannot_work_are_refused() {
+    refused(
+        compressed(AlgorithmSpec::diloco(8), "int8", 0),
+        &["`outer-compression-chunk` = 0", "codec chunk 0 is invalid"],
+    );
+    refused(
+        compressed(
+            AlgorithmSpec::streaming_diloco(8, 2),
+            "topk:0.1+int4",
+            65537,
+        ),
+        &["`outer-compression-chunk` = 65537", "too large for topk"],
+    );
+    // SlowMo averages the parameters (delta of mean): nothing to compress.
+    refused(
+        compressed(AlgorithmSpec::slowmo(3, 48), "topk:0.01", 1024),
+        &[
+            "`outer-compression` = topk:0.01",
+            "`none` with `delta-of-mean`",
+        ],
+    );
+    refused(
+        compressed(AlgorithmSpec::slowmo(3, 48), "fp16", 1024),
+        &["`outer-compression` = fp16"],
+    );
+    for codec in [
+        "fp16",
+        "int8",
+        "int4",
+        "topk:0.01",
+        "topk:0.1+int8",
+        "topk:1+int4",
+    ] {
+        LocalSgdStrategy::new(
+            compressed(AlgorithmSpec::diloco(8), codec, 64),
+            Device::flex(),
+        )
+        .unwrap();
+    }
 }
 
 #[test]

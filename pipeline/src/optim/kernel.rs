@@ -122,7 +122,11 @@ fn sgd_body<M: MulAdd>(
 fn sgd_plain<M: MulAdd, const DECAY: bool>(p: &mut [f32], g: &[f32], s: SgdScalars) {
     for (p, &g) in p.iter_mut().zip(g) {
         // grad = grad.add(param, alpha=wd); param.add_(grad, alpha=-lr)
-        let d = if DECAY { M::mul_add(*p, s.weight_decay, g) } else { g };
+        let d = if DECAY {
+            M::mul_add(*p, s.weight_decay, g)
+        } else {
+            g
+        };
         *p = M::mul_add(d, s.neg_lr, *p);
     }
 }
@@ -135,11 +139,23 @@ fn sgd_momentum<M: MulAdd, const DECAY: bool, const FIRST: bool, const NESTEROV:
     s: SgdScalars,
 ) {
     for ((p, &g), v) in p.iter_mut().zip(g).zip(v.iter_mut()) {
-        let d = if DECAY { M::mul_add(*p, s.weight_decay, g) } else { g };
+        let d = if DECAY {
+            M::mul_add(*p, s.weight_decay, g)
+        } else {
+            g
+        };
         // buf = clone(grad) on the first step, else buf.mul_(m).add_(grad, alpha=1-d)
-        *v = if FIRST { d } else { M::mul_add(d, s.keep, *v * s.momentum) };
+        *v = if FIRST {
+            d
+        } else {
+            M::mul_add(d, s.keep, *v * s.momentum)
+        };
         // nesterov: grad = grad.add(buf, alpha=m); else grad = buf
-        let step = if NESTEROV { M::mul_add(*v, s.momentum, d) } else { *v };
+        let step = if NESTEROV {
+            M::mul_add(*v, s.momentum, d)
+        } else {
+            *v
+        };
         *p = M::mul_add(step, s.neg_lr, *p);
     }
 }
@@ -211,12 +227,20 @@ fn adam_loop<M: MulAdd, const COUPLED: bool, const DECOUPLED: bool, const SMALL:
     let factor = s.decay_factor.unwrap_or(1.0);
     // lerp(start, end, w) = start + w * (end - start) for |w| < 0.5, else
     // end - (end - start) * (1 - w); PyTorch's vector form: fmadd(coeff, end - start, base).
-    let coeff = if SMALL { s.lerp_weight } else { s.lerp_weight - 1.0 };
+    let coeff = if SMALL {
+        s.lerp_weight
+    } else {
+        s.lerp_weight - 1.0
+    };
     for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
         if DECOUPLED {
             *p *= factor;
         }
-        let d = if COUPLED { M::mul_add(*p, s.coupled_decay, g) } else { g };
+        let d = if COUPLED {
+            M::mul_add(*p, s.coupled_decay, g)
+        } else {
+            g
+        };
         *m = M::mul_add(coeff, d - *m, if SMALL { *m } else { d });
         // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1-beta2): self + value * t1 * t2
         *v = *v * s.beta2 + s.one_minus_beta2 * d * d;

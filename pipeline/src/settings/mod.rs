@@ -4,10 +4,12 @@
 
 mod outer;
 
-pub use outer::{OuterOptions, SLOWMO_FREQUENCY};
+pub use outer::{OuterCompressionKind, OuterOptions, SLOWMO_FREQUENCY};
+pub(crate) use outer::{check_compression, rounding_name};
 
-use localsgd_averagers::{Level, OuterOptimizer, OuterSgdConfig, PseudoGradient, StreamingConfig};
-use localsgd_comm::Precision;
+use localsgd_averagers::{
+    Level, OuterCompression, OuterOptimizer, OuterSgdConfig, PseudoGradient, StreamingConfig,
+};
 use serde::{Deserialize, Serialize};
 
 /// The training algorithm.
@@ -111,8 +113,9 @@ pub struct OuterSettings {
     pub optimizer: OuterOptimizer,
     /// How the pseudo-gradient is reduced.
     pub reduce: PseudoGradient,
-    /// The pseudo-gradients' wire precision (`None`: full precision).
-    pub compression: Option<Precision>,
+    /// The pseudo-gradients' wire format (`None`: full precision): half precision through an
+    /// all-reduce, or a lossy codec (int8, int4, top-k) through an all-gather.
+    pub compression: Option<OuterCompression>,
     /// Streaming DiLoCo's fragments, delay and mixing (`None`: every parameter syncs at once).
     pub streaming: Option<StreamingConfig>,
     /// SlowMo's slow step every this many steps (fairscale's `slowmo_frequency`), the models

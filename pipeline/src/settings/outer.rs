@@ -1,21 +1,123 @@
 //! The outer optimizer's settings as a user writes them ([`OuterOptions`], each unset one
 //! taking its algorithm's default) resolved and checked into [`OuterSettings`]: the rules of
-//! torch's SGD, fairscale's SlowMo and torchft's Streaming DiLoCo, each error named after the
-//! setting as the `localsgd` binary's TOML file and flags spell it.
+//! torch's SGD, fairscale's SlowMo, torchft's Streaming DiLoCo and the pseudo-gradients' codec,
+//! each error named after the setting as the `localsgd` binary's TOML file and flags spell it.
 
 use localsgd_averagers::{
-    Level, OuterOptimizer, OuterSgdConfig, PseudoGradient, SlowMoConfig, StreamingConfig,
+    Level, OuterCompression, OuterOptimizer, OuterSgdConfig, PseudoGradient, SlowMoConfig,
+    StreamingConfig,
 };
 use localsgd_comm::Precision;
+use localsgd_comm::codec::{Codec, CodecError, Rounding};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
 
 use super::{AlgorithmKind, Levels, OuterSettings, SettingError};
 
 /// fairscale's `slowmo_frequency` default: SlowMo's slow step every 48 steps.
 pub const SLOWMO_FREQUENCY: u64 = 48;
 
+/// What `outer-compression` names, as written in the binary's TOML file and flags: `none`,
+/// `fp16`, `bf16`, or a lossy codec (`int8`, `int4`, `topk:F`, `topk:F+int8`, `topk:F+int4`;
+/// `localsgd_comm::codec::Codec`). Parsed from and shown as that text, serialized as it too.
+///
+/// ```
+/// use localsgd_pipeline::settings::OuterCompressionKind;
+///
+/// let kind: OuterCompressionKind = "topk:0.01+int8".parse().unwrap();
+/// assert_eq!(kind.to_string(), "topk:0.01+int8");
+/// assert_eq!("fp16".parse::<OuterCompressionKind>().unwrap().to_string(), "fp16");
+/// let err = "topk:1.5".parse::<OuterCompressionKind>().unwrap_err();
+/// assert!(err.to_string().starts_with("invalid setting `outer-compression` = topk:1.5: "));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum OuterCompressionKind {
+    /// Full precision (the same as unset).
+    None,
+    /// Half precision (`fp16`, `bf16`), summed by an all-reduce.
+    Half(Precision),
+    /// A lossy codec, its messages all-gathered.
+    Lossy(Codec),
+}
+
+/// The values `outer-compression` takes, for error messages.
+const VALID_OUTER_COMPRESSION: &str = "one of `none`, `fp16`, `bf16`, `int8`, `int4`, `topk:F`, \
+     `topk:F+int8`, `topk:F+int4` (0 < F <= 1)";
+
+impl OuterCompressionKind {
+    /// The wire format it names, with a lossy codec's defaults
+    /// ([`OuterCompression::lossy`]: chunk 1024, nearest rounding, error feedback); `None` for
+    /// `none`.
+    pub fn compression(self) -> Option<OuterCompression> {
+        match self {
+            OuterCompressionKind::None => None,
+            OuterCompressionKind::Half(p) => Some(OuterCompression::Half(p)),
+            OuterCompressionKind::Lossy(codec) => Some(OuterCompression::lossy(codec)),
+        }
+    }
+}
+
+impl From<Option<OuterCompression>> for OuterCompressionKind {
+    fn from(c: Option<OuterCompression>) -> Self {
+        match c {
+            None => OuterCompressionKind::None,
+            Some(OuterCompression::Half(p)) => OuterCompressionKind::Half(p),
+            Some(OuterCompression::Lossy { spec, .. }) => OuterCompressionKind::Lossy(spec.codec),
+        }
+    }
+}
+
+impl fmt::Display for OuterCompressionKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OuterCompressionKind::None => f.write_str("none"),
+            OuterCompressionKind::Half(p) => write!(f, "{p}"),
+            OuterCompressionKind::Lossy(codec) => write!(f, "{codec}"),
+        }
+    }
+}
+
+impl FromStr for OuterCompressionKind {
+    type Err = SettingError;
+
+    /// `none`, `fp16`, `bf16` or a codec; the error names the value and what is valid (the
+    /// codec's own words for a bad `topk:` fraction or quantizer).
+    fn from_str(s: &str) -> Result<Self, SettingError> {
+        match s {
+            "none" => return Ok(OuterCompressionKind::None),
+            "fp16" => return Ok(OuterCompressionKind::Half(Precision::Fp16)),
+            "bf16" => return Ok(OuterCompressionKind::Half(Precision::Bf16)),
+            _ => {}
+        }
+        s.parse::<Codec>()
+            .map(OuterCompressionKind::Lossy)
+            .map_err(|e| match e {
+                CodecError::UnknownCodec(_) => bad("outer-compression", s, VALID_OUTER_COMPRESSION),
+                e => bad("outer-compression", s, e),
+            })
+    }
+}
+
+impl From<OuterCompressionKind> for String {
+    fn from(kind: OuterCompressionKind) -> String {
+        kind.to_string()
+    }
+}
+
+impl TryFrom<String> for OuterCompressionKind {
+    type Error = SettingError;
+
+    fn try_from(s: String) -> Result<Self, SettingError> {
+        s.parse()
+    }
+}
+
 /// The outer optimizer's settings as given (`None`: the algorithm's default). The binary's
 /// `outer-lr`, `outer-momentum`, `outer-nesterov`, `outer-reduce`, `outer-compression`,
-/// `fragments`, `fragment-sync-delay`, `fragment-alpha` and `slowmo-frequency` fill it;
+/// `outer-compression-chunk`, `outer-rounding`, `outer-error-feedback`, `fragments`,
+/// `fragment-sync-delay`, `fragment-alpha` and `slowmo-frequency` fill it;
 /// [`OuterSettings::resolve`] turns it into settings.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct OuterOptions {
@@ -30,8 +132,17 @@ pub struct OuterOptions {
     /// How the pseudo-gradient is reduced (default: mean of deltas for DiLoCo, delta of mean
     /// for SlowMo, the only one it takes).
     pub reduce: Option<PseudoGradient>,
-    /// The pseudo-gradients' wire precision (default: full; needs mean of deltas).
-    pub compression: Option<Precision>,
+    /// The pseudo-gradients' wire format (default: full precision; needs mean of deltas): half
+    /// precision, or a lossy codec whose chunk, rounding and error feedback the next three
+    /// settings override ([`OuterCompressionKind::compression`] gives the defaults).
+    pub compression: Option<OuterCompression>,
+    /// A lossy codec's chunk (default: the codec's, [`localsgd_averagers::outer::DEFAULT_CHUNK`]);
+    /// refused without a lossy codec.
+    pub compression_chunk: Option<usize>,
+    /// A lossy codec's rounding (default nearest); refused without a quantizing codec.
+    pub rounding: Option<Rounding>,
+    /// A lossy codec's error feedback (default on); refused without a lossy codec.
+    pub error_feedback: Option<bool>,
     /// Streaming DiLoCo's fragments (default 2).
     pub fragments: Option<usize>,
     /// Streaming DiLoCo's τ, torchft's `fragment_sync_delay` (default 0).
@@ -47,16 +158,17 @@ fn bad(setting: &'static str, value: impl ToString, valid: impl ToString) -> Set
     SettingError::new(setting, value, valid)
 }
 
-fn precision_name(p: Option<Precision>) -> String {
-    match p {
-        None => "none".into(),
-        Some(p) => p.to_string(),
+/// The name of a rounding, as `outer-rounding` takes it (`nearest`, `stochastic`).
+pub(crate) fn rounding_name(r: Rounding) -> &'static str {
+    match r {
+        Rounding::Nearest => "nearest",
+        Rounding::Stochastic { .. } => "stochastic",
     }
 }
 
 impl OuterOptions {
     /// The given settings, by name and value, in the order they are reported.
-    fn given(&self) -> [(&'static str, Option<String>); 9] {
+    fn given(&self) -> [(&'static str, Option<String>); 12] {
         [
             ("outer-lr", self.lr.map(|v| v.to_string())),
             ("outer-momentum", self.momentum.map(|v| v.to_string())),
@@ -67,7 +179,20 @@ impl OuterOptions {
             ),
             (
                 "outer-compression",
-                self.compression.map(|c| precision_name(Some(c))),
+                self.compression
+                    .map(|c| OuterCompressionKind::from(Some(c)).to_string()),
+            ),
+            (
+                "outer-compression-chunk",
+                self.compression_chunk.map(|v| v.to_string()),
+            ),
+            (
+                "outer-rounding",
+                self.rounding.map(|r| rounding_name(r).to_string()),
+            ),
+            (
+                "outer-error-feedback",
+                self.error_feedback.map(|v| v.to_string()),
             ),
             ("fragments", self.fragments.map(|v| v.to_string())),
             (
@@ -127,27 +252,113 @@ impl OuterSettings {
                  parameters, as fairscale does",
             ));
         }
-        if let Some(p) = options.compression
-            && reduce == PseudoGradient::DeltaOfMean
-        {
-            return Err(bad(
-                "outer-compression",
-                p,
-                "`none` with `delta-of-mean` (`slowmo`'s only reduction): half precision is for \
-                 the pseudo-gradients θ − x_r that `mean-of-deltas` sends, not for the \
-                 parameters",
-            ));
-        }
+        let compression = resolve_compression(options)?;
+        check_compression(compression, reduce)?;
         let streaming = streaming(kind, period, levels, reduce, options)?;
         let slowmo_frequency = slowmo_frequency(kind, period, levels, &optimizer, options)?;
         Ok(Some(OuterSettings {
             optimizer,
             reduce,
-            compression: options.compression,
+            compression,
             streaming,
             slowmo_frequency,
         }))
     }
+}
+
+/// The pseudo-gradients' wire format: `outer-compression` with a lossy codec's chunk, rounding
+/// and error feedback as given (each refused where it would do nothing).
+fn resolve_compression(o: &OuterOptions) -> Result<Option<OuterCompression>, SettingError> {
+    let Some(OuterCompression::Lossy {
+        mut spec,
+        mut error_feedback,
+    }) = o.compression
+    else {
+        let name = OuterCompressionKind::from(o.compression).to_string();
+        let given = [
+            (
+                "outer-compression-chunk",
+                o.compression_chunk.map(|v| v.to_string()),
+            ),
+            (
+                "outer-rounding",
+                o.rounding.map(|r| rounding_name(r).to_string()),
+            ),
+            (
+                "outer-error-feedback",
+                o.error_feedback.map(|v| v.to_string()),
+            ),
+        ];
+        if let Some((setting, Some(value))) = given.into_iter().find(|g| g.1.is_some()) {
+            return Err(bad(
+                setting,
+                value,
+                format!(
+                    "unset with `outer-compression` = {name}: chunks, rounding and error \
+                     feedback are the lossy codecs' (`int8`, `int4`, `topk:F`, `topk:F+int8`, \
+                     `topk:F+int4`)"
+                ),
+            ));
+        }
+        return Ok(o.compression);
+    };
+    if let Some(chunk) = o.compression_chunk {
+        spec.chunk = chunk;
+    }
+    if let Some(rounding) = o.rounding {
+        if matches!(rounding, Rounding::Stochastic { .. }) && spec.codec.quantizer().is_none() {
+            return Err(bad(
+                "outer-rounding",
+                rounding_name(rounding),
+                format!(
+                    "`nearest` (or unset) with `outer-compression` = {}: top-k with f32 values \
+                     rounds nothing; stochastic rounding is for the quantizing codecs (`int8`, \
+                     `int4`, `topk:F+int8`, `topk:F+int4`)",
+                    spec.codec
+                ),
+            ));
+        }
+        spec.rounding = rounding;
+    }
+    if let Some(on) = o.error_feedback {
+        error_feedback = on;
+    }
+    Ok(Some(OuterCompression::Lossy {
+        spec,
+        error_feedback,
+    }))
+}
+
+/// The rules of a wire format for the pseudo-gradients: a lossy codec's own (its chunk, its
+/// top-k fraction), and that the pseudo-gradients exist to be compressed (`mean-of-deltas`).
+/// [`OuterSettings::resolve`] checks them, and so does
+/// [`AlgorithmSpec::validate`](crate::algorithm::AlgorithmSpec::validate) for settings built in
+/// code.
+pub(crate) fn check_compression(
+    compression: Option<OuterCompression>,
+    reduce: PseudoGradient,
+) -> Result<(), SettingError> {
+    let Some(c) = compression else {
+        return Ok(());
+    };
+    if let (Err(e), OuterCompression::Lossy { spec, .. }) = (c.validate(), c) {
+        return Err(match e {
+            CodecError::ZeroChunk | CodecError::ChunkTooLarge { .. } => {
+                bad("outer-compression-chunk", spec.chunk, e)
+            }
+            e => bad("outer-compression", spec.codec, e),
+        });
+    }
+    if reduce == PseudoGradient::DeltaOfMean {
+        return Err(bad(
+            "outer-compression",
+            OuterCompressionKind::from(compression),
+            "`none` with `delta-of-mean` (`slowmo`'s only reduction): half precision and the \
+             lossy codecs are for the pseudo-gradients θ − x_r that `mean-of-deltas` sends, not \
+             for the parameters",
+        ));
+    }
+    Ok(())
 }
 
 /// The outer optimizer with its defaults, each value checked by the averagers' own rules.

@@ -246,6 +246,96 @@ fn bad_input_is_rejected_before_anything_is_written() {
         "`outer-compression` = fp16: unset: outer settings apply",
         &run,
     );
+    // The lossy codecs: a bad codec is refused by clap in the codec's words, the codec's
+    // settings where they would do nothing or cannot work.
+    assert_rejected(
+        &base(&["--algorithm", "diloco", "--outer-compression", "topk:1.5"]),
+        "invalid value 'topk:1.5' for '--outer-compression <OUTER_COMPRESSION>': invalid setting \
+         `outer-compression` = topk:1.5: topk fraction 1.5 is outside (0, 1] (valid: topk:F with \
+         0 < F <= 1, optionally +int8 or +int4)",
+        &run,
+    );
+    assert_rejected(
+        &base(&["--algorithm", "diloco", "--outer-compression", "int16"]),
+        "`outer-compression` = int16: one of `none`, `fp16`, `bf16`, `int8`, `int4`, `topk:F`, \
+         `topk:F+int8`, `topk:F+int4` (0 < F <= 1)",
+        &run,
+    );
+    assert_rejected(
+        &base(&[
+            "--algorithm",
+            "slowmo",
+            "--outer-compression",
+            "topk:0.01+int8",
+        ]),
+        "`outer-compression` = topk:0.01+int8: `none` with `delta-of-mean`",
+        &run,
+    );
+    assert_rejected(
+        &base(&[
+            "--algorithm",
+            "diloco",
+            "--outer-compression",
+            "int8",
+            "--outer-compression-chunk",
+            "0",
+        ]),
+        "`outer-compression-chunk` = 0: codec chunk 0 is invalid (valid: chunk >= 1)",
+        &run,
+    );
+    assert_rejected(
+        &base(&[
+            "--algorithm",
+            "streaming-diloco",
+            "--outer-compression",
+            "topk:0.1",
+            "--outer-compression-chunk",
+            "65537",
+        ]),
+        "`outer-compression-chunk` = 65537: codec chunk 65537 is too large for topk, whose \
+         indices are u16 (valid: 1 <= chunk <= 65536)",
+        &run,
+    );
+    assert_rejected(
+        &base(&[
+            "--algorithm",
+            "diloco",
+            "--outer-compression",
+            "fp16",
+            "--outer-error-feedback",
+            "false",
+        ]),
+        "`outer-error-feedback` = false: unset with `outer-compression` = fp16: chunks, \
+         rounding and error feedback are the lossy codecs'",
+        &run,
+    );
+    assert_rejected(
+        &base(&["--algorithm", "diloco", "--outer-compression-chunk", "256"]),
+        "`outer-compression-chunk` = 256: unset with `outer-compression` = none",
+        &run,
+    );
+    assert_rejected(
+        &base(&[
+            "--algorithm",
+            "diloco",
+            "--outer-compression",
+            "topk:0.1",
+            "--outer-rounding",
+            "stochastic",
+        ]),
+        "`outer-rounding` = stochastic: `nearest` (or unset) with `outer-compression` = topk:0.1",
+        &run,
+    );
+    assert_rejected(
+        &base(&["--outer-rounding", "nearest"]),
+        "`outer-rounding` = nearest: unset: outer settings apply",
+        &run,
+    );
+    assert_rejected(
+        &base(&["--algorithm", "diloco", "--outer-rounding", "up"]),
+        "invalid value 'up' for '--outer-rounding <OUTER_ROUNDING>'",
+        &run,
+    );
     assert_rejected(
         &base(&["--algorithm", "streaming-diloco", "--fragments", "3"]),
         "`fragments` = 3: outer averaging: sync_every must divide the number of fragments",
@@ -381,6 +471,118 @@ fn parse_flags(args: &[&str]) -> Result<ConfigFlags, String> {
         .try_get_matches_from(std::iter::once("t").chain(args.iter().copied()))
         .map_err(|e| e.to_string())?;
     ConfigFlags::from_arg_matches(&matches).map_err(|e| e.to_string())
+}
+
+#[test]
+fn outer_compression_takes_every_codec_in_toml_and_flags() {
+    use localsgd_averagers::OuterCompression;
+    use localsgd_comm::codec::Rounding;
+    // (value, the wire format it resolves to; chunk, rounding and error feedback as default).
+    for text in [
+        "none",
+        "fp16",
+        "bf16",
+        "int8",
+        "int4",
+        "topk:0.01",
+        "topk:0.05+int8",
+        "topk:1+int4",
+    ] {
+        let from_flag = parse_flags(&["--algorithm", "diloco", "--outer-compression", text])
+            .unwrap()
+            .resolve()
+            .unwrap();
+        let from_toml = TrainConfig::from_toml_str(&format!(
+            "algorithm = \"diloco\"\nouter-compression = \"{text}\"\n"
+        ))
+        .unwrap();
+        assert_eq!(from_flag, from_toml, "{text}");
+        from_toml.validate().unwrap();
+        // The run directory's config.toml gives the same settings back.
+        let saved = from_toml.to_toml();
+        assert!(
+            saved.contains(&format!("outer-compression = \"{text}\"")),
+            "{saved}"
+        );
+        assert_eq!(TrainConfig::from_toml_str(&saved).unwrap(), from_toml);
+        let outer = from_toml.algorithm_spec().unwrap().outer.unwrap();
+        match (text, outer.compression) {
+            ("none", None) => {}
+            ("fp16" | "bf16", Some(OuterCompression::Half(p))) => assert_eq!(p.to_string(), text),
+            (
+                _,
+                Some(OuterCompression::Lossy {
+                    spec,
+                    error_feedback: true,
+                }),
+            ) => {
+                assert_eq!(spec.codec.to_string(), text);
+                assert_eq!((spec.chunk, spec.rounding), (1024, Rounding::Nearest));
+            }
+            (_, other) => panic!("{text}: {other:?}"),
+        }
+    }
+    // The codec's settings, as flags and as TOML keys; stochastic rounding draws from `seed`.
+    let from_flag = parse_flags(&[
+        "--algorithm",
+        "streaming-diloco",
+        "--seed",
+        "9",
+        "--outer-compression",
+        "topk:0.1+int8",
+        "--outer-compression-chunk",
+        "4096",
+        "--outer-rounding",
+        "stochastic",
+        "--outer-error-feedback",
+        "false",
+    ])
+    .unwrap()
+    .resolve()
+    .unwrap();
+    let from_toml = TrainConfig::from_toml_str(
+        "algorithm = \"streaming-diloco\"\nseed = 9\nouter-compression = \"topk:0.1+int8\"\n\
+         outer-compression-chunk = 4096\nouter-rounding = \"stochastic\"\n\
+         outer-error-feedback = false\n",
+    )
+    .unwrap();
+    assert_eq!(from_flag, from_toml);
+    assert_eq!(
+        TrainConfig::from_toml_str(&from_toml.to_toml()).unwrap(),
+        from_toml
+    );
+    let spec = from_toml.algorithm_spec().unwrap();
+    let Some(OuterCompression::Lossy {
+        spec: codec,
+        error_feedback,
+    }) = spec.outer.as_ref().unwrap().compression
+    else {
+        panic!("not lossy");
+    };
+    assert_eq!(
+        (codec.chunk, codec.rounding, error_feedback),
+        (4096, Rounding::Stochastic { seed: 9 }, false)
+    );
+    // Part of the checkpoint identity (the seed is not).
+    assert!(
+        spec.identity().contains(
+            " outer_compression=topk:0.1+int8 outer_compression_chunk=4096 \
+             outer_rounding=stochastic outer_error_feedback=false fragments=2"
+        ),
+        "{}",
+        spec.identity()
+    );
+    // A bad value in the file is named with the key's line, in the codec's words.
+    let err = TrainConfig::from_toml_str("outer-compression = \"topk:0\"\n").unwrap_err();
+    assert!(
+        err.contains(
+            "invalid setting `outer-compression` = topk:0: topk fraction 0 is outside (0, 1]"
+        ),
+        "{err}"
+    );
+    assert!(err.contains("line 1"), "{err}");
+    let err = TrainConfig::from_toml_str("outer-rounding = \"up\"\n").unwrap_err();
+    assert!(err.contains("unknown variant `up`"), "{err}");
 }
 
 #[test]
@@ -536,6 +738,33 @@ fn plan_payload_matches_the_metrics_of_a_real_run_exactly() {
             "diloco-fp16",
             "diloco",
             vec!["--period", "3", "--outer-compression", "fp16"],
+            false,
+        ),
+        // A lossy codec: each rank's message all-gathered, its bytes the codec's.
+        (
+            "diloco-int8",
+            "diloco",
+            vec![
+                "--period",
+                "3",
+                "--outer-compression",
+                "int8",
+                "--outer-compression-chunk",
+                "100",
+            ],
+            false,
+        ),
+        (
+            "diloco-topk",
+            "diloco",
+            vec![
+                "--period",
+                "3",
+                "--outer-compression",
+                "topk:0.1+int4",
+                "--outer-compression-chunk",
+                "64",
+            ],
             false,
         ),
         (
@@ -772,6 +1001,37 @@ fn plan_and_bench_step_name_bad_values() {
     ]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("`levels`"));
+    for (args, expected) in [
+        (
+            &[
+                "--outer-compression",
+                "fp16",
+                "--outer-compression-chunk",
+                "64",
+            ][..],
+            "invalid --outer-compression-chunk 64: leave it out with --outer-compression fp16",
+        ),
+        (
+            &[
+                "--outer-compression",
+                "int8",
+                "--outer-compression-chunk",
+                "0",
+            ][..],
+            "invalid --outer-compression-chunk 0: codec chunk 0 is invalid",
+        ),
+        (
+            &["--outer-compression", "topk:2"][..],
+            "invalid value 'topk:2' for '--outer-compression <OUTER_COMPRESSION>'",
+        ),
+    ] {
+        let mut plan = vec!["plan", "--compute-ms", "1", "--algorithms", "diloco"];
+        plan.extend(args);
+        let out = localsgd(&plan);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(expected), "{err}");
+    }
     let out = localsgd(&["plan", "--compute-ms", "1", "--burst-gbps", "0"]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);

@@ -1,0 +1,90 @@
+//! How an outer averager's pseudo-gradients travel: in half precision through an all-reduce,
+//! or through a lossy codec (int8, int4, top-k; `localsgd_comm::codec`) as an all-gather of
+//! every rank's message, decoded and summed in rank order.
+
+use localsgd_comm::Precision;
+use localsgd_comm::codec::{Codec, CodecError, CodecSpec, Rounding};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// The chunk a lossy codec quantizes with one scale (and picks its top-k in) unless told
+/// otherwise: 4 bytes of scale per 1024 values.
+pub const DEFAULT_CHUNK: usize = 1024;
+
+/// The pseudo-gradients' wire format (semantics §8 and §11).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OuterCompression {
+    /// Rounded once to half precision, divided by the group size and summed in that precision
+    /// (an all-reduce; OpenDiLoCo's fp16).
+    Half(Precision),
+    /// A lossy codec: every rank encodes its pseudo-gradient (plus, with error feedback, what
+    /// it did not send before), the messages are all-gathered, and every rank decodes them and
+    /// sums in rank order (`codec::mean_of_messages`), so all get bit-identical means.
+    Lossy {
+        /// The codec, its chunk and its rounding.
+        spec: CodecSpec,
+        /// Keep what a message did not carry and add it to the next (the residual is part of
+        /// the checkpoint).
+        error_feedback: bool,
+    },
+}
+
+impl From<Precision> for OuterCompression {
+    fn from(p: Precision) -> Self {
+        OuterCompression::Half(p)
+    }
+}
+
+impl OuterCompression {
+    /// `codec` with [`DEFAULT_CHUNK`], nearest rounding and error feedback.
+    pub fn lossy(codec: Codec) -> Self {
+        OuterCompression::Lossy {
+            spec: CodecSpec {
+                codec,
+                chunk: DEFAULT_CHUNK,
+                rounding: Rounding::Nearest,
+            },
+            error_feedback: true,
+        }
+    }
+
+    /// Check the codec's settings (chunk size, top-k fraction).
+    pub fn validate(&self) -> Result<(), CodecError> {
+        match self {
+            OuterCompression::Half(_) => Ok(()),
+            OuterCompression::Lossy { spec, .. } => spec.validate(),
+        }
+    }
+
+    /// Bytes one rank sends for `n` pseudo-gradient values of `element_bytes` each (before the
+    /// collective's own overhead): `2n` for half precision, the codec's message length for a
+    /// lossy one.
+    pub fn wire_bytes(&self, n: usize) -> usize {
+        match self {
+            OuterCompression::Half(_) => 2 * n,
+            OuterCompression::Lossy { spec, .. } => localsgd_comm::codec::wire_bytes(spec, n),
+        }
+    }
+}
+
+impl fmt::Display for OuterCompression {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OuterCompression::Half(p) => write!(f, "{p}"),
+            OuterCompression::Lossy {
+                spec,
+                error_feedback,
+            } => {
+                write!(f, "{} (chunk {}", spec.codec, spec.chunk)?;
+                if let Rounding::Stochastic { seed } = spec.rounding {
+                    write!(f, ", stochastic rounding seed {seed}")?;
+                }
+                if !error_feedback {
+                    write!(f, ", no error feedback")?;
+                }
+                write!(f, ")")
+            }
+        }
+    }
+}

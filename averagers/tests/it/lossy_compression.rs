@@ -1,0 +1,317 @@
+//! The outer averager with a lossy codec (int8, int4, top-k; semantics §11) against the codec
+//! applied by hand: each rank's pseudo-gradient `θ − x_r` plus its residual encoded, the
+//! messages' mean in rank order, `θ ← θ − mean` (outer SGD, lr 1); the residual carried over a
+//! checkpoint; the bytes a sync sends; and the settings it refuses.
+
+use burn::module::{Module, Param};
+use burn::prelude::*;
+use burn::tensor::DType;
+use localsgd_averagers::comm::ThreadWorld;
+use localsgd_averagers::comm::codec::{
+    Codec, CodecSpec, Rounding, decode, encode, mean_of_messages, message_len,
+};
+use localsgd_averagers::comm::params::{FlatBuffer, ParamSelection, flatten_params};
+use localsgd_averagers::outer::StreamingConfig;
+use localsgd_averagers::{
+    AverageParameters, ModelAverager, OuterAverager, OuterCompression, OuterSgdConfig, OuterState,
+    PseudoGradient,
+};
+
+const N: usize = 300;
+const WORLD: usize = 3;
+
+#[derive(Module, Debug)]
+struct Flat {
+    w: Param<Tensor<1>>,
+}
+
+fn model(values: &[f32], dtype: DType) -> Flat {
+    let device = Device::flex();
+    let t = Tensor::<1>::from_data(TensorData::new(values.to_vec(), [values.len()]), &device);
+    Flat {
+        w: Param::from_tensor(t.cast(dtype)),
+    }
+}
+
+fn values(m: &Flat) -> Vec<f32> {
+    match flatten_params(m, &ParamSelection::All)
+        .expect("flatten")
+        .buffer
+    {
+        FlatBuffer::F32(v) => v,
+        FlatBuffer::F64(v) => v.into_iter().map(|x| x as f32).collect(),
+    }
+}
+
+fn theta0() -> Vec<f32> {
+    (0..N).map(|i| (i as f32 * 0.37).sin()).collect()
+}
+
+/// Rank `r`'s local progress in round `k`: what its inner steps moved the model by.
+fn progress(r: usize, k: u64) -> Vec<f32> {
+    (0..N)
+        .map(|i| 0.01 * ((i * (r + 1)) as f32 * 0.11 + k as f32).cos() * (1.0 + (i % 7) as f32))
+        .collect()
+}
+
+fn spec(codec: &str, chunk: usize, rounding: Rounding) -> CodecSpec {
+    CodecSpec {
+        codec: codec.parse::<Codec>().expect("a codec"),
+        chunk,
+        rounding,
+    }
+}
+
+/// `rounds` outer steps through the averager on `WORLD` thread ranks (every rank's θ after
+/// each), the averager's state saved after `save_after` rounds and the run continued from it
+/// when given.
+fn through_averager(
+    compression: OuterCompression,
+    rounds: u64,
+    resume_after: Option<u64>,
+) -> Vec<Vec<Vec<f32>>> {
+    ThreadWorld::new(WORLD)
+        .expect("world")
+        .run(move |world| {
+            let r = world.rank();
+            let build = || {
+                OuterAverager::periodic(1, 0, OuterSgdConfig::sgd(1.0).into(), world.clone())
+                    .and_then(|a| a.with_compression(Some(compression)))
+                    .expect("averager")
+            };
+            let mut a = build();
+            let mut m = model(&theta0(), DType::F32);
+            a.reset_global(&m, &ParamSelection::All).expect("θ");
+            let mut thetas = Vec::new();
+            for k in 0..rounds {
+                if resume_after == Some(k) {
+                    let bytes = a
+                        .global_state()
+                        .expect("state")
+                        .expect("θ taken")
+                        .to_bytes();
+                    let saved = OuterState::from_bytes(&bytes).expect("decoded");
+                    assert!(
+                        saved.fragments[0].residual.is_some(),
+                        "the residual is saved"
+                    );
+                    let step_state = a.state();
+                    a = build();
+                    a.load_state(&step_state).expect("counters");
+                    a.load_global_state(&saved).expect("restored");
+                }
+                let x: Vec<f32> = values(&m)
+                    .iter()
+                    .zip(progress(r, k))
+                    .map(|(t, d)| t - d)
+                    .collect();
+                m = a
+                    .average_parameters(model(&x, DType::F32), &ParamSelection::All)
+                    .expect("sync");
+                thetas.push(values(&m));
+            }
+            thetas
+        })
+        .expect("run")
+}
+
+/// The same rounds by hand, from the codec's functions: every rank's message of its
+/// pseudo-gradient plus residual, their mean in rank order, `θ − mean`.
+fn by_hand(spec: &CodecSpec, feedback: bool, rounds: u64) -> Vec<Vec<f32>> {
+    let mut theta = theta0();
+    let mut residual = vec![vec![0.0f32; N]; WORLD];
+    let mut out = Vec::new();
+    for k in 0..rounds {
+        let mut gathered = Vec::new();
+        for (r, res) in residual.iter_mut().enumerate() {
+            let x: Vec<f32> = theta
+                .iter()
+                .zip(progress(r, k))
+                .map(|(t, d)| t - d)
+                .collect();
+            let delta: Vec<f32> = theta.iter().zip(&x).map(|(t, x)| t - x).collect();
+            let y: Vec<f32> = if feedback {
+                delta.iter().zip(res.iter()).map(|(d, e)| d + e).collect()
+            } else {
+                delta
+            };
+            let mut msg = Vec::new();
+            encode(spec, &y, k, r, &mut msg).expect("encode");
+            if feedback {
+                let mut sent = vec![0.0f32; N];
+                decode(spec, &msg, N, &mut sent).expect("decode");
+                for ((e, y), s) in res.iter_mut().zip(&y).zip(&sent) {
+                    *e = y - s;
+                }
+            }
+            gathered.extend_from_slice(&msg);
+        }
+        let mut mean = vec![0.0f32; N];
+        mean_of_messages(spec, &gathered, WORLD, N, &mut mean).expect("mean");
+        for (t, m) in theta.iter_mut().zip(&mean) {
+            *t -= m;
+        }
+        out.push(theta.clone());
+    }
+    out
+}
+
+fn assert_same(what: &str, got: &[f32], want: &[f32]) {
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g.to_bits(), w.to_bits(), "{what}[{i}]: {g} vs {w} by hand");
+    }
+}
+
+#[test]
+fn lossy_outer_steps_are_the_codecs_mean_of_every_ranks_message() {
+    let cases = [
+        ("int8", 64, Rounding::Nearest, true),
+        ("int4", 64, Rounding::Nearest, true),
+        ("int4", 1024, Rounding::Stochastic { seed: 7 }, true),
+        ("topk:0.05+int4", 100, Rounding::Nearest, true),
+        ("topk:0.05+int4", 100, Rounding::Nearest, false),
+        ("topk:0.1", 64, Rounding::Nearest, true),
+    ];
+    for (codec, chunk, rounding, error_feedback) in cases {
+        let spec = spec(codec, chunk, rounding);
+        let compression = OuterCompression::Lossy {
+            spec,
+            error_feedback,
+        };
+        let ranks = through_averager(compression, 4, None);
+        let want = by_hand(&spec, error_feedback, 4);
+        for (r, thetas) in ranks.iter().enumerate() {
+            for (k, theta) in thetas.iter().enumerate() {
+                assert_same(
+                    &format!("{compression}, rank {r}, round {k}"),
+                    theta,
+                    &want[k],
+                );
+            }
+        }
+    }
+    // Error feedback changes the result (the residual is sent later), and not by nothing.
+    let s = spec("topk:0.05+int4", 100, Rounding::Nearest);
+    assert_ne!(by_hand(&s, true, 3)[2], by_hand(&s, false, 3)[2]);
+}
+
+#[test]
+fn the_residual_survives_a_checkpoint_exactly() {
+    let compression = OuterCompression::Lossy {
+        spec: spec("topk:0.05+int8", 128, Rounding::Stochastic { seed: 3 }),
+        error_feedback: true,
+    };
+    let straight = through_averager(compression, 4, None);
+    let resumed = through_averager(compression, 4, Some(2));
+    for (r, (a, b)) in straight.iter().zip(&resumed).enumerate() {
+        assert_same(&format!("rank {r}, last round"), &b[3], &a[3]);
+    }
+}
+
+#[test]
+fn a_lossy_sync_sends_its_message_and_streaming_gathers_it_in_the_background() {
+    let spec = spec("int4", 64, Rounding::Nearest);
+    let compression = OuterCompression::Lossy {
+        spec,
+        error_feedback: true,
+    };
+    // One sync, two ranks: each contributes one message (the codec's length).
+    let bytes = ThreadWorld::new(2)
+        .expect("world")
+        .run(move |world| {
+            let mut a =
+                OuterAverager::periodic(1, 0, OuterSgdConfig::diloco().into(), world.clone())
+                    .and_then(|a| a.with_compression(Some(compression)))
+                    .expect("averager");
+            let m = model(&theta0(), DType::F32);
+            a.reset_global(&m, &ParamSelection::All).expect("θ");
+            let before = world.traffic();
+            let x: Vec<f32> = theta0().iter().map(|t| t - 0.01).collect();
+            a.average_parameters(model(&x, DType::F32), &ParamSelection::All)
+                .expect("sync");
+            (world.traffic() - before).data_bytes
+        })
+        .expect("run");
+    assert_eq!(bytes, vec![message_len(&spec, N) as u64; 2]);
+    assert!(message_len(&spec, N) < N / 2 + 4 * N.div_ceil(64) + 1);
+
+    // Streaming DiLoCo with a delay gathers on its second communicator; the ranks agree.
+    let ends = ThreadWorld::new(2)
+        .expect("world")
+        .run(move |world| {
+            let config = StreamingConfig {
+                sync_every: 4,
+                fragments: 1,
+                delay: 1,
+                alpha: 0.0,
+            };
+            let mut a =
+                OuterAverager::streaming(config, 0, OuterSgdConfig::diloco(), world.clone())
+                    .and_then(|a| a.with_compression(Some(compression)))
+                    .expect("averager");
+            let mut m = model(&theta0(), DType::F32);
+            a.reset_global(&m, &ParamSelection::All).expect("θ");
+            for k in 0..12 {
+                let x: Vec<f32> = values(&m)
+                    .iter()
+                    .zip(progress(world.rank(), k))
+                    .map(|(t, d)| t - 0.1 * d)
+                    .collect();
+                m = a
+                    .average_parameters(model(&x, DType::F32), &ParamSelection::All)
+                    .expect("step");
+            }
+            a.finish().expect("finish");
+            values(&m)
+        })
+        .expect("run");
+    assert_same("streaming, rank 1 against rank 0", &ends[1], &ends[0]);
+    assert_ne!(ends[0], theta0(), "the outer steps moved θ");
+}
+
+#[test]
+fn lossy_compression_refuses_what_it_cannot_do() {
+    let int8 = OuterCompression::lossy("int8".parse().expect("a codec"));
+    let world = ThreadWorld::new(1).expect("world");
+    let errors = world
+        .run(move |g| {
+            let diloco =
+                || OuterAverager::periodic(2, 0, OuterSgdConfig::diloco().into(), g.clone());
+            let mut out = Vec::new();
+            // f64 parameters: the codecs encode f32.
+            let mut a = diloco()
+                .and_then(|a| a.with_compression(Some(int8)))
+                .expect("a");
+            let m = model(&theta0(), DType::F64);
+            a.reset_global(&m, &ParamSelection::All).expect("θ");
+            let m = a
+                .average_parameters(m, &ParamSelection::All)
+                .expect("step 0");
+            out.push(a.average_parameters(m, &ParamSelection::All).map(|_| ()));
+            // Delta of mean averages the parameters: nothing to compress.
+            out.push(
+                diloco()
+                    .and_then(|a| a.with_compression(Some(int8)))
+                    .and_then(|a| a.with_reduce(PseudoGradient::DeltaOfMean))
+                    .map(|_| ()),
+            );
+            // A chunk of 0.
+            let zero = OuterCompression::Lossy {
+                spec: spec("int4", 0, Rounding::Nearest),
+                error_feedback: true,
+            };
+            out.push(
+                diloco()
+                    .and_then(|a| a.with_compression(Some(zero)))
+                    .map(|_| ()),
+            );
+            out.into_iter()
+                .map(|r| r.expect_err("refused").to_string())
+                .collect::<Vec<_>>()
+        })
+        .expect("run")
+        .remove(0);
+    assert!(errors[0].contains("f64"), "{}", errors[0]);
+    assert!(errors[1].contains("mean-of-deltas"), "{}", errors[1]);
+    assert!(errors[2].contains('0'), "{}", errors[2]);
+}
