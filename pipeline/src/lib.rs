@@ -34,7 +34,6 @@
 pub mod algorithm;
 pub mod checkpoint;
 pub mod lr_schedule;
-pub mod malloc;
 pub mod optim;
 pub mod pipeline;
 pub mod settings;

@@ -57,6 +57,12 @@ mod process_train;
 #[cfg(any(feature = "mpi", feature = "nccl"))]
 mod process_world;
 
+/// mimalloc instead of glibc's malloc: a training step allocates and frees the same large
+/// buffers every step, which glibc returns to the kernel and faults in again
+/// (bench/results/2026-12-05-amd-epyc-allocators/).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     // Library warnings (e.g. "period 1: plain DDP is the better choice") go through `tracing`.
     tracing_subscriber::fmt()
@@ -64,11 +70,6 @@ fn main() {
         .with_writer(std::io::stderr)
         .with_target(false)
         .init();
-    // Freed step buffers stay in the process instead of being unmapped and faulted in again
-    // every step (`LOCALSGD_MALLOC_DEFAULTS=1` keeps glibc's defaults, to compare).
-    if std::env::var_os("LOCALSGD_MALLOC_DEFAULTS").is_none_or(|v| v != "1") {
-        localsgd_pipeline::malloc::keep_freed_buffers();
-    }
     if let Err(e) = run_cli() {
         eprintln!("error: {}", launch::describe(&e));
         std::process::exit(2);
