@@ -3,8 +3,8 @@
 
 use crate::pipeline::PipelineError;
 use crate::settings::{
-    AlgorithmKind, Compression, Levels, OuterSettings, PipelineBuckets, SettingError,
-    check_compression, rounding_name,
+    AlgorithmKind, Compression, Levels, OuterCompressionKind, OuterSettings, PipelineBuckets,
+    SettingError, check_compression, rounding_name,
 };
 use localsgd_averagers::{
     HierarchicalModelAverager, Level, ModelAverager, OuterAverager, OuterCompression,
@@ -180,6 +180,51 @@ impl AlgorithmSpec {
                     }
                 ),
             ));
+        }
+        // Outer settings on an averaging algorithm: only its averages' wire format.
+        if let (false, Some(o)) = (self.kind.is_outer(), &self.outer) {
+            let averages = matches!(
+                self.kind,
+                AlgorithmKind::LocalSgd | AlgorithmKind::PostLocalSgd | AlgorithmKind::Hierarchical
+            );
+            let compression = OuterCompressionKind::from(o.compression).to_string();
+            match (averages, o.compression) {
+                (true, Some(c)) if *o == OuterSettings::averaging(c) => {}
+                (true, _) => {
+                    return Err(SettingError::new(
+                        "outer",
+                        format!("{:?}", o.optimizer),
+                        format!(
+                            "`OuterSettings::averaging(compression)` or unset: `{}` averages \
+                             models with no outer optimizer; it takes only the averages' wire \
+                             format",
+                            self.kind.name()
+                        ),
+                    ));
+                }
+                (false, _) => {
+                    return Err(SettingError::new(
+                        "outer-compression",
+                        compression,
+                        format!(
+                            "unset: `{}` averages no models (outer settings apply to `diloco`, \
+                             `streaming-diloco` and `slowmo`, and `outer-compression` to the \
+                             averages of `local-sgd`, `post-local-sgd` and `hierarchical`)",
+                            self.kind.name()
+                        ),
+                    ));
+                }
+            }
+            if self.overlap > 0 {
+                return Err(SettingError::new(
+                    "overlap",
+                    self.overlap,
+                    format!(
+                        "0 with `outer-compression` = {compression}: a compressed average is \
+                         applied at its own step (its delta is measured from the last average)"
+                    ),
+                ));
+            }
         }
         // Settings that would do nothing for this algorithm are refused, not ignored.
         if let Some(p) = self.period
@@ -465,8 +510,29 @@ pub fn build(spec: &AlgorithmSpec, world: &Group) -> Result<AlgorithmParts, Pipe
             spec.compression,
         ))
     };
+    // An averaging algorithm's averages: plain, or with `outer-compression` each rank's delta
+    // from the last average sent compressed and applied as an outer SGD(lr 1) step on the same
+    // schedule (semantics §11.2). θ, the last average, is the model where the local steps
+    // start: after the warmup's gradient all-reduces, or (local SGD, whose replicas step alone
+    // from the first step) the model every rank starts from.
+    let local_start = match spec.kind {
+        AlgorithmKind::LocalSgd => 0,
+        _ => warmup_iters,
+    };
+    let averager =
+        |schedule: Box<dyn ModelAverager>| -> Result<Box<dyn ModelAverager>, PipelineError> {
+            Ok(match spec.outer {
+                Some(o) => Box::new(
+                    OuterAverager::new(schedule, o.optimizer, world.clone())?
+                        .with_local_start(local_start)
+                        .with_reduce(o.reduce)?
+                        .with_compression(o.compression)?,
+                ),
+                None => schedule,
+            })
+        };
     let periodic = |period: u64| -> Result<Box<dyn ModelAverager>, PipelineError> {
-        Ok(Box::new(
+        averager(Box::new(
             PeriodicModelAverager::new(period, warmup_steps, world.clone())?
                 .with_overlap(spec.overlap)?,
         ))
@@ -492,11 +558,11 @@ pub fn build(spec: &AlgorithmSpec, world: &Group) -> Result<AlgorithmParts, Pipe
         },
         AlgorithmKind::Hierarchical => AlgorithmParts {
             sync: Some((post_local_hook()?, reducer())),
-            averager: Some(Box::new(HierarchicalModelAverager::new(
+            averager: Some(averager(Box::new(HierarchicalModelAverager::new(
                 &spec.levels,
                 warmup_steps,
                 world.clone(),
-            )?)),
+            )?))?),
         },
         AlgorithmKind::Diloco | AlgorithmKind::StreamingDiloco | AlgorithmKind::Slowmo => {
             let outer = spec.outer.ok_or_else(|| {
@@ -758,23 +824,100 @@ mod tests {
             slowmo("topk:0.01+int4")
         );
         assert!(slowmo("bf16").starts_with("invalid setting `outer-compression` = bf16: "));
-        // Other algorithms take no outer setting, codec settings included.
-        let err = OuterSettings::resolve(
+        // The averaging algorithms take the codec settings, by the same rules; DDP none.
+        let averaging = |kind, options: OuterOptions| {
+            OuterSettings::resolve(kind, 4, &[], &options).map_err(|e| e.to_string())
+        };
+        let err = averaging(
             AlgorithmKind::PostLocalSgd,
-            4,
-            &[],
-            &OuterOptions {
+            OuterOptions {
                 error_feedback: Some(true),
                 ..OuterOptions::default()
             },
         )
         .unwrap_err();
         assert!(
-            err.to_string().starts_with(
-                "invalid setting `outer-error-feedback` = true: unset: outer settings apply"
+            err.starts_with(
+                "invalid setting `outer-error-feedback` = true: unset with `outer-compression` = none"
             ),
             "{err}"
         );
+        let int4 = OuterOptions {
+            compression: kind("int4"),
+            compression_chunk: Some(64),
+            ..OuterOptions::default()
+        };
+        for k in [
+            AlgorithmKind::LocalSgd,
+            AlgorithmKind::PostLocalSgd,
+            AlgorithmKind::Hierarchical,
+        ] {
+            let Some(OuterCompression::Lossy {
+                spec,
+                error_feedback,
+            }) = averaging(k, int4).unwrap().and_then(|o| o.compression)
+            else {
+                panic!("{k:?}: no lossy compression");
+            };
+            assert_eq!((spec.chunk, error_feedback), (64, true), "{k:?}");
+        }
+        assert_eq!(
+            averaging(AlgorithmKind::PostLocalSgd, OuterOptions::default()),
+            Ok(None)
+        );
+        let err = averaging(AlgorithmKind::Ddp, int4).unwrap_err();
+        assert!(
+            err.starts_with(
+                "invalid setting `outer-compression` = int4: unset: outer settings apply"
+            ),
+            "{err}"
+        );
+        let err = averaging(
+            AlgorithmKind::Hierarchical,
+            OuterOptions {
+                momentum: Some(0.9),
+                ..int4
+            },
+        )
+        .unwrap_err();
+        assert!(
+            err.starts_with(
+                "invalid setting `outer-momentum` = 0.9: unset: `hierarchical` averages models \
+                 with no outer optimizer"
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn averages_with_compression_are_checked_by_validate() {
+        let mut spec = AlgorithmSpec::post_local_sgd(0, 4);
+        spec.outer = Some(OuterSettings::averaging(OuterCompression::lossy(
+            "int8".parse().unwrap(),
+        )));
+        assert_eq!(spec.validate(2), Ok(()));
+        spec.overlap = 2;
+        assert!(
+            spec.validate(2)
+                .unwrap_err()
+                .to_string()
+                .starts_with("invalid setting `overlap` = 2: 0 with `outer-compression` = int8"),
+        );
+        spec.overlap = 0;
+        spec.outer = Some(OuterSettings::diloco());
+        assert!(
+            spec.validate(2)
+                .unwrap_err()
+                .to_string()
+                .contains("`OuterSettings::averaging(compression)` or unset"),
+        );
+        let mut ddp = AlgorithmSpec::ddp();
+        ddp.outer = Some(OuterSettings::averaging(OuterCompression::Half(
+            localsgd_comm::Precision::Fp16,
+        )));
+        assert!(ddp.validate(2).unwrap_err().to_string().starts_with(
+            "invalid setting `outer-compression` = fp16: unset: `ddp` averages no models"
+        ),);
     }
 
     #[test]

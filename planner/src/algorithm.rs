@@ -19,14 +19,23 @@ pub enum Algorithm {
         gradient_warmup: bool,
         /// Overlapped averaging delay (`overlap`; 0: blocking): each average's all-reduce runs
         /// behind the next `overlap` iterations' compute, and the first one also creates the
-        /// helper's communicator (one 8-byte control collective).
+        /// helper's communicator (one 8-byte control collective). 0 with `compression`.
         overlap: u64,
+        /// The averages' wire format (`outer-compression`; `None`: the f32 parameters, 4 bytes
+        /// a parameter): each average sends the delta from the last one, as [`Algorithm::Outer`]
+        /// sends its pseudo-gradient: half precision all-reduced (2 bytes a parameter), or a
+        /// lossy codec's messages of [`OuterCompression::wire_bytes`] all-gathered.
+        compression: Option<OuterCompression>,
     },
     /// Hierarchical averaging (post-local SGD hook during warmup).
     Hierarchical {
         /// The levels, periods increasing (each a multiple of the previous), the last group
         /// the world.
         levels: Vec<Level>,
+        /// The wire format of the averages of the level whose group is the world
+        /// (`outer-compression`; `None`: f32), as [`Algorithm::Periodic`]'s; the levels of
+        /// smaller groups always all-reduce the f32 parameters.
+        compression: Option<OuterCompression>,
     },
     /// An outer-optimizer step over the world after every `period` local steps (DiLoCo,
     /// SlowMo: gradient all-reduce during the warmup, then syncs after iterations
@@ -72,7 +81,7 @@ impl Algorithm {
             Algorithm::Periodic {
                 period, overlap, ..
             } => format!("{} period {period} overlap {overlap}", self.name()),
-            Algorithm::Hierarchical { levels } => {
+            Algorithm::Hierarchical { levels, .. } => {
                 format!("hierarchical {}", Levels::from(levels.clone()))
             }
             Algorithm::Outer { period, .. } => format!("{} period {period}", self.name()),

@@ -93,8 +93,11 @@ pub struct PlanInputs {
     pub log_every: u64,
     /// Gradients compressed to fp16/bf16.
     pub compressed: bool,
-    /// DiLoCo's and SlowMo's pseudo-gradients on the wire (`None`: f32): half precision, or a lossy codec
-    /// (its bytes per sync [`OuterCompression::wire_bytes`], all-gathered).
+    /// DiLoCo's and SlowMo's pseudo-gradients, and the averages of local-sgd, post-local-sgd
+    /// and hierarchical's world level (each the delta from the last average), on the wire
+    /// (`None`: f32): half precision, or a lossy codec (its bytes per sync
+    /// [`OuterCompression::wire_bytes`], all-gathered). Also the recommendations' averages.
+    /// Refused where every algorithm named is ddp, which has nothing to compress.
     pub outer_compression: Option<OuterCompression>,
     /// Pipelined gradient sync.
     pub pipelined: bool,
@@ -151,11 +154,12 @@ pub struct Plan {
     pub workload: Workload,
     /// Every algorithm asked for, in order, with its figures.
     pub predictions: Vec<(Algorithm, Prediction)>,
-    /// The smallest post-local SGD period (up to 4096) that meets the target share
-    /// ([`recommend_period`]).
+    /// The smallest post-local SGD period (up to 4096) that meets the target share, its
+    /// averages in [`PlanInputs::outer_compression`] ([`recommend_period`]).
     pub recommended_period: Option<u64>,
-    /// Two hierarchical levels that meet the target share ([`recommend_levels`]); `None` without
-    /// a host level or when no pair meets it.
+    /// Two hierarchical levels that meet the target share, the world's averages in
+    /// [`PlanInputs::outer_compression`] ([`recommend_levels`]); `None` without a host level or
+    /// when no pair meets it.
     pub recommended_levels: Option<Vec<Level>>,
 }
 
@@ -220,17 +224,49 @@ impl PlanInputs {
                 &format!("name at least one of {ALGORITHM_NAMES}"),
             ));
         }
-        let mut predictions = Vec::with_capacity(self.algorithms.len());
-        for name in &self.algorithms {
-            let algorithm = self.algorithm(name.trim(), cluster.layout)?;
+        let algorithms = self
+            .algorithms
+            .iter()
+            .map(|name| self.algorithm(name.trim(), cluster.layout))
+            .collect::<Result<Vec<_>, _>>()?;
+        // DDP averages no models: a compression that applies to none of the algorithms named is
+        // refused rather than ignored (beside others, ddp is planned as it is).
+        if let Some(c) = self.outer_compression
+            && algorithms.iter().all(|a| *a == Algorithm::Ddp)
+        {
+            let value = match c {
+                OuterCompression::Lossy { spec, .. } => spec.codec.to_string(),
+                half => half.to_string(),
+            };
+            return Err(invalid_input(
+                "outer-compression",
+                value,
+                "none with ddp, which averages no models (it compresses diloco's \
+                 pseudo-gradients and the averages of local-sgd, post-local-sgd and \
+                 hierarchical's world level)",
+            ));
+        }
+        let mut predictions = Vec::with_capacity(algorithms.len());
+        for algorithm in algorithms {
             let prediction = predict(&algorithm, &workload, &cluster)?;
             predictions.push((algorithm, prediction));
         }
         let target = self.target_comm_share;
-        let recommended_period =
-            recommend_period(&workload, &cluster, target, MAX_RECOMMENDED_PERIOD)?;
-        let recommended_levels =
-            recommend_levels(&workload, &cluster, target, MAX_RECOMMENDED_PERIOD)?;
+        let compression = self.outer_compression;
+        let recommended_period = recommend_period(
+            &workload,
+            &cluster,
+            compression,
+            target,
+            MAX_RECOMMENDED_PERIOD,
+        )?;
+        let recommended_levels = recommend_levels(
+            &workload,
+            &cluster,
+            compression,
+            target,
+            MAX_RECOMMENDED_PERIOD,
+        )?;
         Ok(Plan {
             params: self.params,
             cluster,
@@ -284,7 +320,8 @@ impl PlanInputs {
         })
     }
 
-    /// The algorithm of a name, with these inputs' period, overlap and levels.
+    /// The algorithm of a name, with these inputs' period, overlap, levels and outer
+    /// compression.
     fn algorithm(&self, name: &str, layout: Layout) -> Result<Algorithm, PlanError> {
         Ok(match name {
             "ddp" => Algorithm::Ddp,
@@ -292,6 +329,7 @@ impl PlanInputs {
                 period: self.period,
                 gradient_warmup: name == "post-local-sgd",
                 overlap: self.overlap,
+                compression: self.outer_compression,
             },
             "hierarchical" => Algorithm::Hierarchical {
                 levels: if self.levels.is_empty() {
@@ -299,6 +337,7 @@ impl PlanInputs {
                 } else {
                     self.levels.clone()
                 },
+                compression: self.outer_compression,
             },
             "streaming-diloco" => return Err(PlanError::StreamingDiloco),
             "diloco" | "slowmo" => Algorithm::Outer {
@@ -511,7 +550,6 @@ mod tests {
             hosts: 4,
             ranks_per_host: 2,
             overlap: 1,
-            outer_compression: Some(Precision::Fp16.into()),
             algorithms: [
                 " ddp",
                 "local-sgd",
@@ -535,13 +573,43 @@ mod tests {
                 "diloco period 4",
             ]
         );
+        // The outer compression goes to every algorithm that averages models (blocking: an
+        // overlap is refused with it); ddp, beside them, is planned as it is.
+        let half = Some(Precision::Fp16.into());
+        let plan = PlanInputs {
+            overlap: 0,
+            outer_compression: half,
+            ..i.clone()
+        }
+        .plan()
+        .unwrap();
+        let algorithms: Vec<Algorithm> = plan.predictions.into_iter().map(|(a, _)| a).collect();
         assert_eq!(
-            plan.predictions[4].0,
-            Algorithm::Outer {
-                period: 4,
-                slowmo: false,
-                compression: Some(Precision::Fp16.into())
-            }
+            algorithms,
+            [
+                Algorithm::Ddp,
+                Algorithm::Periodic {
+                    period: 4,
+                    gradient_warmup: false,
+                    overlap: 0,
+                    compression: half,
+                },
+                Algorithm::Periodic {
+                    period: 4,
+                    gradient_warmup: true,
+                    overlap: 0,
+                    compression: half,
+                },
+                Algorithm::Hierarchical {
+                    levels: vec![Level::from((4, 2)), Level::from((16, 8))],
+                    compression: half,
+                },
+                Algorithm::Outer {
+                    period: 4,
+                    slowmo: false,
+                    compression: half,
+                },
+            ]
         );
         // Given levels win over the default ones.
         let given = vec![Level::from((2, 2)), Level::from((8, 8))];
@@ -554,8 +622,73 @@ mod tests {
         .unwrap();
         assert_eq!(
             plan.predictions[0].0,
-            Algorithm::Hierarchical { levels: given }
+            Algorithm::Hierarchical {
+                levels: given,
+                compression: None
+            }
         );
+    }
+
+    #[test]
+    fn outer_compression_needs_an_algorithm_that_averages_models() {
+        let lossy = |codec: &str| Some(OuterCompression::lossy(codec.parse().unwrap()));
+        let err = |algorithms: &[&str], outer_compression, overlap| {
+            PlanInputs {
+                algorithms: algorithms.iter().map(|&a| a.into()).collect(),
+                outer_compression,
+                overlap,
+                ..inputs()
+            }
+            .plan()
+            .unwrap_err()
+            .to_string()
+        };
+        // DDP alone has nothing to compress: refused, naming the value and what takes it.
+        let e = err(&["ddp"], lossy("int8"), 0);
+        assert!(
+            e.starts_with("invalid --outer-compression int8: none with ddp"),
+            "{e}"
+        );
+        assert!(
+            e.contains("local-sgd, post-local-sgd and hierarchical's world level"),
+            "{e}"
+        );
+        let e = err(&["ddp", " ddp"], Some(Precision::Bf16.into()), 0);
+        assert!(
+            e.starts_with("invalid --outer-compression bf16: none with ddp"),
+            "{e}"
+        );
+        // A compressed average blocks: an overlap is refused, named.
+        for name in ["local-sgd", "post-local-sgd"] {
+            let e = err(&[name], lossy("int4"), 1);
+            assert!(
+                e.contains("`overlap` = 1: 0 with outer-compression"),
+                "{name}: {e}"
+            );
+        }
+        // The recommendations average in the same wire format: int8 sends about a quarter of
+        // f32's bytes, so the recommended post-local SGD period is no longer.
+        let plan = |outer_compression| {
+            PlanInputs {
+                params: 600_000,
+                compute_ms: 5.0,
+                hosts: 2,
+                ranks_per_host: 2,
+                algorithms: vec!["post-local-sgd".into()],
+                outer_compression,
+                ..PlanInputs::default()
+            }
+            .plan()
+            .unwrap()
+        };
+        let (f32, int8) = (plan(None), plan(lossy("int8")));
+        let (p32, p8) = (
+            f32.recommended_period.unwrap(),
+            int8.recommended_period.unwrap(),
+        );
+        assert!(p8 < p32, "int8 {p8}, f32 {p32}");
+        let world = |p: &Plan| p.recommended_levels.as_ref().unwrap()[1].period;
+        assert!(world(&int8) <= world(&f32));
     }
 
     #[test]

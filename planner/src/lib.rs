@@ -23,7 +23,9 @@
 //!   pipeline exactly: one has-data all-gather of one `u64` per iteration; the gradient
 //!   all-reduce (`4P` bytes for `P` f32 parameters, `2P` with fp16/bf16 compression) in every DDP
 //!   iteration and in the warmup iterations `i < warmup` of post-local SGD and hierarchical
-//!   averaging; a model average (a 4-word parameter-set check, then `4P` bytes) at
+//!   averaging; a model average (a 4-word parameter-set check, then `4P` bytes; with
+//!   `outer-compression`, over the world, the delta from the last average as DiLoCo sends its
+//!   pseudo-gradient: `2P` all-reduced, or a lossy codec's message all-gathered) at
 //!   `i >= warmup` with `(i - warmup) % period == 0` (periodic, as PyTorch's
 //!   `PeriodicModelAverager`) or, for hierarchical levels, in the group of the largest level
 //!   period dividing `i` (PyTorch's `HierarchicalModelAverager`), nothing where that group
@@ -92,7 +94,13 @@
 //!     pipelined: true,
 //! };
 //! let ddp = predict(&Algorithm::Ddp, &work, &cluster).unwrap();
-//! let pl = predict(&Algorithm::Periodic { period: 4, gradient_warmup: true, overlap: 0 }, &work, &cluster).unwrap();
+//! let post_local = Algorithm::Periodic {
+//!     period: 4,
+//!     gradient_warmup: true,
+//!     overlap: 0,
+//!     compression: None,
+//! };
+//! let pl = predict(&post_local, &work, &cluster).unwrap();
 //! assert!(ddp.steady_s > 4.0 * pl.comm_s.max(1e-9));
 //! assert_eq!(ddp.payload_data_bytes, 2_400_000.0);
 //! ```

@@ -167,6 +167,7 @@ mod tests {
             period: 4,
             gradient_warmup: false,
             overlap,
+            compression: None,
         };
         let blocking = predict(&periodic(0), &w, &two_hosts(1)).unwrap();
         // Per 4 iterations: 4 has-data flags, one fingerprint, the average in sequence.

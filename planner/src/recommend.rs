@@ -6,7 +6,7 @@ use crate::cluster::Cluster;
 use crate::error::{PlanError, invalid};
 use crate::predict::predict;
 use crate::workload::Workload;
-use localsgd_averagers::Level;
+use localsgd_averagers::{Level, OuterCompression};
 
 /// A target communication share must be a fraction strictly between 0 and 1.
 fn check_target(target: f64) -> Result<(), PlanError> {
@@ -22,12 +22,13 @@ fn check_target(target: f64) -> Result<(), PlanError> {
 }
 
 /// The smallest averaging period up to `max_period` whose steady communication share is at
-/// most `target` (periodic averaging over the world, found by bisection, as the share falls
-/// with the period), or `None` when even `max_period` does not reach it (the per-iteration
-/// control collectives alone exceed it).
+/// most `target` (periodic averaging over the world, its averages in `compression`'s wire
+/// format, found by bisection, as the share falls with the period), or `None` when even
+/// `max_period` does not reach it (the per-iteration control collectives alone exceed it).
 pub fn recommend_period(
     work: &Workload,
     cluster: &Cluster,
+    compression: Option<OuterCompression>,
     target: f64,
     max_period: u64,
 ) -> Result<Option<u64>, PlanError> {
@@ -38,6 +39,7 @@ pub fn recommend_period(
                 period,
                 gradient_warmup: true,
                 overlap: 0,
+                compression,
             },
             work,
             cluster,
@@ -64,11 +66,13 @@ pub fn recommend_period(
 /// each host every `host_period` (a power of two) and the world every `world_period` (a
 /// multiple of it, up to `max_period`), with the world level as frequent as the target allows
 /// and, for that, the host level as frequent as it allows: the world average is the one that
-/// keeps all ranks' models together, the host average the cheap one in between. `None` where
-/// there is no host level (one host, or one rank per host) or no pair reaches the target.
+/// keeps all ranks' models together, the host average the cheap one in between; the world's
+/// averages in `compression`'s wire format. `None` where there is no host level (one host, or
+/// one rank per host) or no pair reaches the target.
 pub fn recommend_levels(
     work: &Workload,
     cluster: &Cluster,
+    compression: Option<OuterCompression>,
     target: f64,
     max_period: u64,
 ) -> Result<Option<Vec<Level>>, PlanError> {
@@ -87,6 +91,7 @@ pub fn recommend_levels(
         Ok(predict(
             &Algorithm::Hierarchical {
                 levels: levels(host, world),
+                compression,
             },
             work,
             cluster,
@@ -136,6 +141,7 @@ mod tests {
             predict(
                 &Algorithm::Hierarchical {
                     levels: vec![Level::from((host, 2)), Level::from((world, 4))],
+                    compression: None,
                 },
                 &w,
                 &c,
@@ -154,15 +160,18 @@ mod tests {
                     }
                 }
             }
-            let got = recommend_levels(&w, &c, target, 64).unwrap();
+            let got = recommend_levels(&w, &c, None, target, 64).unwrap();
             let want = best.map(|(h, wp)| vec![Level::from((h, 2)), Level::from((wp, 4))]);
             assert_eq!(got, want, "target {target}");
         }
         // A 10% target is met (the world every 20 steps or so), a 1% one is not up to 64.
-        assert!(recommend_levels(&w, &c, 0.1, 64).unwrap().is_some());
-        assert_eq!(recommend_levels(&w, &c, 0.01, 64).unwrap(), None);
+        assert!(recommend_levels(&w, &c, None, 0.1, 64).unwrap().is_some());
+        assert_eq!(recommend_levels(&w, &c, None, 0.01, 64).unwrap(), None);
         // No host level: one rank per host, or one host.
-        assert_eq!(recommend_levels(&w, &two_hosts(1), 0.1, 64).unwrap(), None);
+        assert_eq!(
+            recommend_levels(&w, &two_hosts(1), None, 0.1, 64).unwrap(),
+            None
+        );
         let one_host = Cluster::new(
             Layout {
                 hosts: 1,
@@ -170,21 +179,25 @@ mod tests {
             },
             Link::gbit(1.0, 50e-6),
         );
-        assert_eq!(recommend_levels(&w, &one_host, 0.1, 64).unwrap(), None);
-        assert!(recommend_levels(&w, &c, 1.0, 64).is_err());
+        assert_eq!(
+            recommend_levels(&w, &one_host, None, 0.1, 64).unwrap(),
+            None
+        );
+        assert!(recommend_levels(&w, &c, None, 1.0, 64).is_err());
     }
 
     #[test]
     fn recommended_period_meets_the_target() {
         let w = work(600_000, 5e-3);
         let c = two_hosts(1);
-        let p = recommend_period(&w, &c, 0.5, 1024).unwrap().unwrap();
+        let p = recommend_period(&w, &c, None, 0.5, 1024).unwrap().unwrap();
         let at = |period| {
             predict(
                 &Algorithm::Periodic {
                     period,
                     gradient_warmup: true,
                     overlap: 0,
+                    compression: None,
                 },
                 &w,
                 &c,
@@ -193,6 +206,6 @@ mod tests {
             .comm_share
         };
         assert!(at(p) <= 0.5 && at(p - 1) > 0.5, "period {p}");
-        assert!(recommend_period(&w, &c, 1.5, 8).is_err());
+        assert!(recommend_period(&w, &c, None, 1.5, 8).is_err());
     }
 }

@@ -50,18 +50,18 @@ impl Schedule {
                 if *period == 0 {
                     return Err(invalid("period", 0, "a period of at least 1"));
                 }
-                if let Some(c) = compression
-                    && let Err(e) = c.validate()
-                {
-                    return Err(invalid("outer-compression", c, &e.to_string()));
-                }
+                check_compression(*compression)?;
             }
             Algorithm::Periodic {
-                period, overlap, ..
+                period,
+                overlap,
+                compression,
+                ..
             } => {
                 if *period == 0 {
                     return Err(invalid("period", 0, "a period of at least 1"));
                 }
+                check_compression(*compression)?;
                 if *overlap > *period {
                     return Err(invalid(
                         "overlap",
@@ -69,8 +69,19 @@ impl Schedule {
                         &format!("0 (blocking) to the period {period}"),
                     ));
                 }
+                if *overlap > 0 && compression.is_some() {
+                    return Err(invalid(
+                        "overlap",
+                        overlap,
+                        "0 with outer-compression: a compressed average is applied at its own step",
+                    ));
+                }
             }
-            Algorithm::Hierarchical { levels } => {
+            Algorithm::Hierarchical {
+                levels,
+                compression,
+            } => {
+                check_compression(*compression)?;
                 let text = format!("{:?}", Levels::from(levels.clone()).to_string());
                 validate_levels(levels, world)
                     .map_err(|e| invalid("levels", &text, &format!("{e} ({world} ranks)")))?;
@@ -170,6 +181,7 @@ impl Schedule {
                 period,
                 gradient_warmup,
                 overlap,
+                compression,
             } => {
                 if i < self.warmup {
                     if *gradient_warmup {
@@ -186,7 +198,15 @@ impl Schedule {
                             gather: false,
                         });
                     }
-                    average(&mut out, w, *overlap > 0, params_f32, false);
+                    // Compressed (overlap 0): the delta from the last average, as a sync's
+                    // pseudo-gradient.
+                    average(
+                        &mut out,
+                        w,
+                        *overlap > 0,
+                        pseudo_gradient_bytes(*compression, self.params),
+                        is_lossy(*compression),
+                    );
                 }
             }
             Algorithm::Outer {
@@ -197,22 +217,35 @@ impl Schedule {
                 if i < self.warmup {
                     gradients(&mut out);
                 } else if (i - self.warmup + 1).is_multiple_of(*period) {
-                    let gather = matches!(compression, Some(OuterCompression::Lossy { .. }));
                     average(
                         &mut out,
                         w,
                         false,
                         pseudo_gradient_bytes(*compression, self.params),
-                        gather,
+                        is_lossy(*compression),
                     );
                 }
             }
-            Algorithm::Hierarchical { levels } => {
+            Algorithm::Hierarchical {
+                levels,
+                compression,
+            } => {
                 if i < self.warmup {
                     gradients(&mut out);
                 } else if let Some(level) = levels.iter().rev().find(|l| i.is_multiple_of(l.period))
                 {
-                    average(&mut out, level.group_size, false, params_f32, false);
+                    // Only the world's averages are compressed; smaller groups send f32.
+                    if level.group_size == w && compression.is_some() {
+                        average(
+                            &mut out,
+                            w,
+                            false,
+                            pseudo_gradient_bytes(*compression, self.params),
+                            is_lossy(*compression),
+                        );
+                    } else {
+                        average(&mut out, level.group_size, false, params_f32, false);
+                    }
                 }
             }
         }
@@ -241,13 +274,29 @@ impl Schedule {
         let mut c = match &self.algorithm {
             Algorithm::Ddp => 1,
             Algorithm::Periodic { period, .. } | Algorithm::Outer { period, .. } => *period,
-            Algorithm::Hierarchical { levels } => levels.last().map_or(1, |l| l.period),
+            Algorithm::Hierarchical { levels, .. } => levels.last().map_or(1, |l| l.period),
         };
         if self.log_every > 0 {
             c = lcm(c, self.log_every);
         }
         c
     }
+}
+
+/// An `outer-compression` the averagers would refuse, named as the setting.
+fn check_compression(compression: Option<OuterCompression>) -> Result<(), PlanError> {
+    if let Some(c) = compression
+        && let Err(e) = c.validate()
+    {
+        return Err(invalid("outer-compression", c, &e.to_string()));
+    }
+    Ok(())
+}
+
+/// Whether compressed averages are all-gathered (a lossy codec's messages) rather than
+/// all-reduced.
+fn is_lossy(compression: Option<OuterCompression>) -> bool {
+    matches!(compression, Some(OuterCompression::Lossy { .. }))
 }
 
 /// Bytes one rank sends of a sync's pseudo-gradient of `params` values: 4 a value in f32, 2 in
@@ -307,6 +356,7 @@ mod tests {
             period: 4,
             gradient_warmup: true,
             overlap: 0,
+            compression: None,
         };
         let w = Workload {
             warmup: 3,
@@ -328,6 +378,7 @@ mod tests {
                 period: 4,
                 gradient_warmup: false,
                 overlap: 0,
+                compression: None,
             },
             2,
             &w,
@@ -341,6 +392,7 @@ mod tests {
         // 2 hosts x 2 ranks, pairs (inside a host) every 4, the world every 16.
         let a = Algorithm::Hierarchical {
             levels: [(4, 2), (16, 4)].into_iter().map(Level::from).collect(),
+            compression: None,
         };
         let w = work(1000, 1e-3);
         let s = Schedule::new(&a, 4, &w).unwrap();
@@ -365,6 +417,7 @@ mod tests {
         // steps 0, 4, 8, ... over both ranks (4-word check + 4P bytes).
         let a = Algorithm::Hierarchical {
             levels: [(2, 1), (4, 2)].into_iter().map(Level::from).collect(),
+            compression: None,
         };
         let s = Schedule::new(&a, 2, &work(1000, 1e-3)).unwrap();
         assert_eq!(s.payload(2), (8, 0));
@@ -437,11 +490,158 @@ mod tests {
         assert_eq!(s.payload(2), (8, 0));
     }
 
+    /// `int8` with chunks of 128, error feedback on.
+    fn int8() -> OuterCompression {
+        use localsgd_comm::codec::{CodecSpec, Rounding};
+        OuterCompression::Lossy {
+            spec: CodecSpec {
+                codec: "int8".parse().unwrap(),
+                chunk: 128,
+                rounding: Rounding::Nearest,
+            },
+            error_feedback: true,
+        }
+    }
+
+    #[test]
+    fn a_compressed_average_sends_what_a_diloco_sync_does() {
+        use localsgd_comm::Precision;
+        use localsgd_comm::codec::wire_bytes;
+        let w = Workload {
+            warmup: 3,
+            ..work(1000, 1e-3)
+        };
+        let OuterCompression::Lossy { spec, .. } = int8() else {
+            unreachable!()
+        };
+        // 7 chunks of 128 values and one of 104: 1 byte a value, a 4-byte scale a chunk.
+        let int8_bytes = 1000 + 8 * 4;
+        assert_eq!(
+            (7 * wire_bytes(&spec, 128) + wire_bytes(&spec, 104)) as u64,
+            int8_bytes
+        );
+        let post_local = |compression| Algorithm::Periodic {
+            period: 4,
+            gradient_warmup: true,
+            overlap: 0,
+            compression,
+        };
+        let diloco = Algorithm::Outer {
+            period: 4,
+            slowmo: false,
+            compression: Some(int8()),
+        };
+        let s = Schedule::new(&post_local(Some(int8())), 2, &w).unwrap();
+        let d = Schedule::new(&diloco, 2, &w).unwrap();
+        // The warmup all-reduces f32 gradients as before.
+        assert_eq!(s.payload(0), (8 + 4000, 4000));
+        assert_eq!(s.payload(2), (8 + 4000, 4000));
+        // Averages at 3, 7, 11, ...: the layout check, then every rank's message all-gathered,
+        // as DiLoCo's syncs (at 6, 10, ...); nothing else in between.
+        for (avg, sync) in [(3, 6), (7, 10), (11, 14)] {
+            assert_eq!(s.payload(avg), (8 + 32 + int8_bytes, int8_bytes));
+            assert_eq!(s.payload(avg), d.payload(sync));
+            assert_eq!(s.iteration(avg), d.iteration(sync));
+            let data = s.iteration(avg)[2];
+            assert_eq!((data.group, data.gather, data.overlapped), (2, true, false));
+        }
+        assert_eq!(s.payload(4), (8, 0));
+        // Half precision: 2 bytes a parameter, all-reduced.
+        for p in [Precision::Fp16, Precision::Bf16] {
+            let h = Schedule::new(&post_local(Some(p.into())), 2, &w).unwrap();
+            assert_eq!(h.payload(3), (8 + 32 + 2000, 2000));
+            assert!(!h.iteration(3)[2].gather);
+        }
+        // Local SGD likewise, with nothing in its warmup.
+        let l = Algorithm::Periodic {
+            period: 4,
+            gradient_warmup: false,
+            overlap: 0,
+            compression: Some(int8()),
+        };
+        let l = Schedule::new(&l, 2, &w).unwrap();
+        assert_eq!(l.payload(0), (8, 0));
+        assert_eq!(l.payload(7), (8 + 32 + int8_bytes, int8_bytes));
+        // Over the steady cycle, the bytes a prediction counts.
+        let p = predict(&post_local(Some(int8())), &w, &two_hosts(1)).unwrap();
+        close(p.payload_data_bytes, int8_bytes as f64 / 4.0);
+    }
+
+    #[test]
+    fn hierarchical_compresses_only_the_world_level() {
+        // 2 hosts x 2 ranks: pairs every 4 (f32, all-reduced), the world every 16 (int8,
+        // all-gathered).
+        let a = Algorithm::Hierarchical {
+            levels: [(4, 2), (16, 4)].into_iter().map(Level::from).collect(),
+            compression: Some(int8()),
+        };
+        let int8_bytes = 1000 + 8 * 4;
+        let s = Schedule::new(&a, 4, &work(1000, 1e-3)).unwrap();
+        for i in [0, 16, 32] {
+            assert_eq!(s.payload(i), (8 + 32 + int8_bytes, int8_bytes), "step {i}");
+            let data = s.iteration(i)[2];
+            assert_eq!((data.group, data.bytes, data.gather), (4, int8_bytes, true));
+        }
+        for i in [4, 8, 12, 20] {
+            assert_eq!(s.payload(i), (8 + 32 + 4000, 4000), "step {i}");
+            let data = s.iteration(i)[2];
+            assert_eq!((data.group, data.bytes, data.gather), (2, 4000, false));
+        }
+        assert_eq!(s.payload(5), (8, 0));
+        // A one-level hierarchy over the world compresses every average.
+        let world = Algorithm::Hierarchical {
+            levels: vec![Level::from((4, 2))],
+            compression: Some(OuterCompression::from(localsgd_comm::Precision::Bf16)),
+        };
+        let s = Schedule::new(&world, 2, &work(1000, 1e-3)).unwrap();
+        assert_eq!(s.payload(4), (8 + 32 + 2000, 2000));
+        // A codec the averager would refuse is refused here too.
+        let mut bad = int8();
+        if let OuterCompression::Lossy { spec, .. } = &mut bad {
+            spec.chunk = 0;
+        }
+        let e = Schedule::new(
+            &Algorithm::Hierarchical {
+                levels: vec![Level::from((4, 2))],
+                compression: Some(bad),
+            },
+            2,
+            &work(1000, 1e-3),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("`outer-compression` = int8"), "{e}");
+    }
+
+    #[test]
+    fn a_compressed_average_does_not_overlap() {
+        let periodic = |overlap, compression| Algorithm::Periodic {
+            period: 4,
+            gradient_warmup: false,
+            overlap,
+            compression,
+        };
+        let w = work(1000, 1e-3);
+        for overlap in [1, 4] {
+            let e = Schedule::new(&periodic(overlap, Some(int8())), 2, &w)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(&format!("`overlap` = {overlap}")) && e.contains("outer-compression"),
+                "{e}"
+            );
+        }
+        // Without compression, as before; with it, blocking.
+        assert!(Schedule::new(&periodic(1, None), 2, &w).is_ok());
+        let s = Schedule::new(&periodic(0, Some(int8())), 2, &w).unwrap();
+        assert!(s.iteration(0).iter().all(|c| !c.overlapped));
+    }
+
     #[test]
     fn bad_settings_name_the_setting() {
         let e = Schedule::new(
             &Algorithm::Hierarchical {
                 levels: [(2, 2), (4, 3)].into_iter().map(Level::from).collect(),
+                compression: None,
             },
             4,
             &work(10, 0.0),

@@ -454,6 +454,11 @@ settings! {
         /// Send the pseudo-gradients of `diloco` and `streaming-diloco` compressed: in half
         /// precision, or quantized or sparsified by a lossy codec.
         ///
+        /// Also the averages of `local-sgd`, `post-local-sgd` and `hierarchical`'s top level:
+        /// each rank then sends its delta from the last average, on the averager's own
+        /// schedule, and `overlap` must be 0 (book: Semantics, "11.2 Compressed model
+        /// averages"). These algorithms take no other outer setting.
+        ///
         /// `fp16`, `bf16`: each rank's `θ − x_r` is rounded once, divided by the world size and
         /// summed in that precision, as the gradient `compression` does (OpenDiLoCo all-reduces
         /// them in fp16): half the bytes of a sync. `int8`, `int4`: every value quantized with

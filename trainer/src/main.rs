@@ -142,7 +142,7 @@ fn compare(flags: &ConfigFlags) -> Result<()> {
         // Each algorithm with the settings that apply to it: a given `period` for every
         // algorithm that has one (else each its own default), the levels for hierarchical
         // averaging alone (from the period when none are given), outer settings for the outer
-        // algorithms, fragments for Streaming DiLoCo and the slow-step frequency for SlowMo.
+        // algorithms (their wire format also for the averaging ones), fragments for Streaming DiLoCo and the slow-step frequency for SlowMo.
         let given_period = base.period;
         match algorithm {
             AlgorithmKind::Ddp => cfg.period = None,
@@ -167,6 +167,10 @@ fn compare(flags: &ConfigFlags) -> Result<()> {
             cfg.outer_momentum = None;
             cfg.outer_nesterov = None;
             cfg.outer_reduce = None;
+        }
+        // The wire format of pseudo-gradients and averages: not for DDP (no averages) nor
+        // SlowMo (its slow step takes the averaged parameters, not deltas).
+        if matches!(algorithm, AlgorithmKind::Ddp | AlgorithmKind::Slowmo) {
             cfg.outer_compression = None;
             cfg.outer_compression_chunk = None;
             cfg.outer_rounding = None;

@@ -109,12 +109,15 @@ pub(crate) struct PlanFlags {
     /// Gradient compression.
     #[arg(long, value_enum, default_value = "none")]
     compression: Compression,
-    /// diloco: pseudo-gradient compression, as `localsgd train --outer-compression`: none,
-    /// fp16, bf16 (2 bytes a parameter per sync, all-reduced), int8, int4, topk:F,
-    /// topk:F+int8, topk:F+int4 (the codec's message per sync, all-gathered).
+    /// diloco: pseudo-gradient compression; local-sgd, post-local-sgd and hierarchical's world
+    /// level: the averages' (each the delta from the last average; --overlap 0), as `localsgd
+    /// train --outer-compression`: none, fp16, bf16 (2 bytes a parameter per sync,
+    /// all-reduced), int8, int4, topk:F, topk:F+int8, topk:F+int4 (the codec's message per sync,
+    /// all-gathered). The recommendations average in it too; refused when ddp is the only
+    /// algorithm.
     #[arg(long, default_value = "none")]
     outer_compression: OuterCompressionKind,
-    /// diloco: a lossy --outer-compression's chunk, as `localsgd train
+    /// A lossy --outer-compression's chunk, as `localsgd train
     /// --outer-compression-chunk` (4 bytes of scale per chunk; default 1024).
     #[arg(long)]
     outer_compression_chunk: Option<usize>,

@@ -137,6 +137,20 @@ impl OuterSettings {
         }
     }
 
+    /// The averages of `local-sgd`, `post-local-sgd` and `hierarchical`'s world level sent in
+    /// `compression` (semantics §11.2): each rank's delta from the last average `θ − x_r`, and
+    /// the average `θ − mean_r(θ − x_r)`, i.e. an outer `torch.optim.SGD(lr=1)` on the mean of
+    /// deltas, which without compression is the plain average of the models.
+    pub fn averaging(compression: OuterCompression) -> Self {
+        Self {
+            optimizer: OuterSgdConfig::sgd(1.0).into(),
+            reduce: PseudoGradient::MeanOfDeltas,
+            compression: Some(compression),
+            streaming: None,
+            slowmo_frequency: None,
+        }
+    }
+
     /// SlowMo's slow step with fairscale's defaults (`slowmo_lr` 1, `slowmo_momentum` 0.5) on
     /// the averaged parameters (delta of mean, fairscale's gather), every `slowmo_frequency`
     /// steps.

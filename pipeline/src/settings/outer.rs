@@ -166,6 +166,14 @@ pub(crate) fn rounding_name(r: Rounding) -> &'static str {
     }
 }
 
+/// The outer settings that set the wire format of a pseudo-gradient or an average.
+const COMPRESSION_SETTINGS: [&str; 4] = [
+    "outer-compression",
+    "outer-compression-chunk",
+    "outer-rounding",
+    "outer-error-feedback",
+];
+
 impl OuterOptions {
     /// The given settings, by name and value, in the order they are reported.
     fn given(&self) -> [(&'static str, Option<String>); 12] {
@@ -226,20 +234,36 @@ impl OuterSettings {
         options: &OuterOptions,
     ) -> Result<Option<Self>, SettingError> {
         if !kind.is_outer() {
-            if let Some((setting, Some(value))) =
-                options.given().into_iter().find(|g| g.1.is_some())
+            // The averaging algorithms take the wire format of their averages, nothing else.
+            let averages = matches!(
+                kind,
+                AlgorithmKind::LocalSgd | AlgorithmKind::PostLocalSgd | AlgorithmKind::Hierarchical
+            );
+            if let Some((setting, Some(value))) = options
+                .given()
+                .into_iter()
+                .find(|g| g.1.is_some() && !(averages && COMPRESSION_SETTINGS.contains(&g.0)))
             {
-                return Err(bad(
-                    setting,
-                    value,
+                let valid = if averages {
+                    format!(
+                        "unset: `{}` averages models with no outer optimizer; of the outer \
+                         settings it takes only the averages' wire format (`outer-compression`, \
+                         `outer-compression-chunk`, `outer-rounding`, `outer-error-feedback`)",
+                        kind.name()
+                    )
+                } else {
                     format!(
                         "unset: outer settings apply to algorithms `diloco`, \
-                         `streaming-diloco` and `slowmo`, not `{}`",
+                         `streaming-diloco` and `slowmo` (and `outer-compression` to the \
+                         averages of `local-sgd`, `post-local-sgd` and `hierarchical`), not `{}`",
                         kind.name()
-                    ),
-                ));
+                    )
+                };
+                return Err(bad(setting, value, valid));
             }
-            return Ok(None);
+            let compression = resolve_compression(options)?;
+            check_compression(compression, PseudoGradient::MeanOfDeltas)?;
+            return Ok(compression.map(OuterSettings::averaging));
         }
         let optimizer = optimizer(kind, options)?;
         let reduce = options.reduce.unwrap_or(optimizer.default_reduce());

@@ -231,9 +231,17 @@ fn bad_input_is_rejected_before_anything_is_written() {
         "`outer-reduce` = mean-of-deltas",
         &run,
     );
+    // An averaging algorithm takes only its averages' wire format of the outer settings.
     assert_rejected(
         &base(&["--outer-lr", "0.5"]),
-        "outer settings apply to algorithms `diloco`, `streaming-diloco` and `slowmo`, not `post-local-sgd`",
+        "`outer-lr` = 0.5: unset: `post-local-sgd` averages models with no outer optimizer; of \
+         the outer settings it takes only the averages' wire format",
+        &run,
+    );
+    assert_rejected(
+        &base(&["--outer-compression", "int8", "--overlap", "2"]),
+        "`overlap` = 2: 0 with `outer-compression` = int8: a compressed average is applied at its \
+         own step",
         &run,
     );
     assert_rejected(
@@ -242,8 +250,10 @@ fn bad_input_is_rejected_before_anything_is_written() {
         &run,
     );
     assert_rejected(
-        &base(&["--outer-compression", "fp16"]),
-        "`outer-compression` = fp16: unset: outer settings apply",
+        &base(&["--algorithm", "ddp", "--outer-compression", "fp16"]),
+        "`outer-compression` = fp16: unset: outer settings apply to algorithms `diloco`, \
+         `streaming-diloco` and `slowmo` (and `outer-compression` to the averages of \
+         `local-sgd`, `post-local-sgd` and `hierarchical`), not `ddp`",
         &run,
     );
     // The lossy codecs: a bad codec is refused by clap in the codec's words, the codec's
@@ -328,7 +338,7 @@ fn bad_input_is_rejected_before_anything_is_written() {
     );
     assert_rejected(
         &base(&["--outer-rounding", "nearest"]),
-        "`outer-rounding` = nearest: unset: outer settings apply",
+        "`outer-rounding` = nearest: unset with `outer-compression` = none",
         &run,
     );
     assert_rejected(
@@ -387,7 +397,7 @@ fn bad_input_is_rejected_before_anything_is_written() {
     );
     assert_rejected(
         &base(&["--fragments", "2"]),
-        "outer settings apply to algorithms `diloco`, `streaming-diloco` and `slowmo`",
+        "`fragments` = 2: unset: `post-local-sgd` averages models with no outer optimizer",
         &run,
     );
     assert_rejected(
@@ -771,6 +781,33 @@ fn plan_payload_matches_the_metrics_of_a_real_run_exactly() {
             "hierarchical",
             "hierarchical",
             vec!["--levels", "2:2,4:4"],
+            false,
+        ),
+        // Compressed averages (semantics §11.2): a DiLoCo sync's bytes at the averager's steps;
+        // hierarchical compresses its world level only.
+        (
+            "post-local-int8",
+            "post-local-sgd",
+            vec![
+                "--period",
+                "4",
+                "--outer-compression",
+                "int8",
+                "--outer-compression-chunk",
+                "100",
+            ],
+            false,
+        ),
+        (
+            "local-sgd-topk",
+            "local-sgd",
+            vec!["--period", "3", "--outer-compression", "topk:0.1+int4"],
+            false,
+        ),
+        (
+            "hierarchical-fp16",
+            "hierarchical",
+            vec!["--levels", "2:2,4:4", "--outer-compression", "fp16"],
             false,
         ),
         // Overlapped: the same bytes at the same iterations, plus the helper's communicator.

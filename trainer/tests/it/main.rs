@@ -6,6 +6,7 @@ mod book_samples;
 mod checkpoint_fuzz;
 mod checkpoint_kill;
 mod cli;
+mod compressed_averages;
 mod config_fuzz;
 mod data_dataset;
 mod data_digits;

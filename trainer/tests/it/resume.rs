@@ -149,6 +149,22 @@ fn diloco_resumes_bit_identically_with_theta_and_outer_momentum() {
     });
 }
 
+/// Compressed averages (semantics §11.2) carry θ (the last average) and every rank's
+/// error-feedback residual over the stop: post-local SGD with stochastic int4 averages after
+/// steps 3, 5, 7, 9, 11, hierarchical averaging compresses its world level (every 5 steps).
+#[test]
+fn compressed_averages_resume_bit_identically_with_theta_and_residuals() {
+    use localsgd_trainer::config::{OuterCompressionKind, OuterRounding};
+    check_resume_with(AlgorithmKind::PostLocalSgd, OptimizerKind::Sgd, 0, |c| {
+        c.outer_compression = Some("int4".parse::<OuterCompressionKind>().unwrap());
+        c.outer_compression_chunk = Some(16);
+        c.outer_rounding = Some(OuterRounding::Stochastic);
+    });
+    check_resume_with(AlgorithmKind::Hierarchical, OptimizerKind::Adam, 0, |c| {
+        c.outer_compression = Some("topk:0.25+int8".parse::<OuterCompressionKind>().unwrap());
+    });
+}
+
 /// SlowMo's slow step divides by the inner learning rate, which a step schedule changes
 /// across the stop; with levels, the lower level averages plainly and the world level (every
 /// 5 steps) takes the slow step.
