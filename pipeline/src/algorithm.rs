@@ -39,8 +39,10 @@ pub struct AlgorithmSpec {
     pub caps: BucketCaps,
     /// Compression around the hook.
     pub compression: Compression,
-    /// The outer optimizer, pseudo-gradient reduction and compression (`diloco`, `slowmo`;
-    /// `None` for the others).
+    /// The outer optimizer, pseudo-gradient reduction and compression (`diloco`,
+    /// `streaming-diloco`, `slowmo`); for `local-sgd`, `post-local-sgd` and `hierarchical`
+    /// [`OuterSettings::averaging`] to compress their world averages, else `None`; `None` for
+    /// `ddp`.
     pub outer: Option<OuterSettings>,
 }
 
@@ -202,7 +204,7 @@ impl AlgorithmSpec {
                         ),
                     ));
                 }
-                (false, _) => {
+                (false, Some(c)) if *o == OuterSettings::averaging(c) => {
                     return Err(SettingError::new(
                         "outer-compression",
                         compression,
@@ -214,8 +216,20 @@ impl AlgorithmSpec {
                         ),
                     ));
                 }
+                (false, _) => {
+                    return Err(SettingError::new(
+                        "outer",
+                        format!("{:?}", o.optimizer),
+                        format!(
+                            "unset: `{}` takes no outer optimizer (`diloco`, \
+                             `streaming-diloco` and `slowmo` do)",
+                            self.kind.name()
+                        ),
+                    ));
+                }
             }
-            if self.overlap > 0 {
+            // (Hierarchical averaging refuses any overlap below, compressed or not.)
+            if self.overlap > 0 && self.kind != AlgorithmKind::Hierarchical {
                 return Err(SettingError::new(
                     "overlap",
                     self.overlap,
@@ -917,7 +931,14 @@ mod tests {
         )));
         assert!(ddp.validate(2).unwrap_err().to_string().starts_with(
             "invalid setting `outer-compression` = fp16: unset: `ddp` averages no models"
-        ),);
+        ));
+        ddp.outer = Some(OuterSettings::diloco());
+        let err = ddp.validate(2).unwrap_err().to_string();
+        assert!(
+            err.starts_with("invalid setting `outer` = Sgd(")
+                && err.contains("takes no outer optimizer"),
+            "{err}"
+        );
     }
 
     #[test]

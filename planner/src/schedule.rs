@@ -45,12 +45,22 @@ impl Schedule {
             Algorithm::Outer {
                 period,
                 compression,
-                ..
+                slowmo,
             } => {
                 if *period == 0 {
                     return Err(invalid("period", 0, "a period of at least 1"));
                 }
                 check_compression(*compression)?;
+                // As `localsgd train` refuses it: SlowMo's slow step takes the averaged
+                // parameters (delta of mean), which are not compressed.
+                if let (true, Some(c)) = (slowmo, compression) {
+                    return Err(invalid(
+                        "outer-compression",
+                        c,
+                        "none with slowmo, whose slow step takes the averaged parameters \
+                         (delta of mean), not deltas",
+                    ));
+                }
             }
             Algorithm::Periodic {
                 period,

@@ -399,8 +399,8 @@ settings! {
         /// its step's optimizer step and is applied `overlap` iterations later as
         /// `x ← avg(x_t) + (x_now − x_t)`, its all-reduce running on a second communicator while
         /// those iterations compute (book: Averagers, "Overlapped averaging"). `0`: blocking
-        /// averaging, PyTorch's numbers. At most `period`; other algorithms refuse a non-zero
-        /// value. Part of the checkpoint identity.
+        /// averaging, PyTorch's numbers. At most `period`, and 0 with `outer-compression`;
+        /// other algorithms refuse a non-zero value. Part of the checkpoint identity.
         #[setting(type = "integer, `0` to `period`")]
         #[arg(allow_negative_numbers = true)]
         overlap: u64 = 0,
@@ -454,7 +454,7 @@ settings! {
         /// Send the pseudo-gradients of `diloco` and `streaming-diloco` compressed: in half
         /// precision, or quantized or sparsified by a lossy codec.
         ///
-        /// Also the averages of `local-sgd`, `post-local-sgd` and `hierarchical`'s top level:
+        /// Also the averages of `local-sgd`, `post-local-sgd` and `hierarchical`'s world level:
         /// each rank then sends its delta from the last average, on the averager's own
         /// schedule, and `overlap` must be 0 (book: Semantics, "11.2 Compressed model
         /// averages"). These algorithms take no other outer setting.

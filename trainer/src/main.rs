@@ -142,7 +142,8 @@ fn compare(flags: &ConfigFlags) -> Result<()> {
         // Each algorithm with the settings that apply to it: a given `period` for every
         // algorithm that has one (else each its own default), the levels for hierarchical
         // averaging alone (from the period when none are given), outer settings for the outer
-        // algorithms (their wire format also for the averaging ones), fragments for Streaming DiLoCo and the slow-step frequency for SlowMo.
+        // algorithms (their wire format also for the averaging ones), fragments for Streaming
+        // DiLoCo and the slow-step frequency for SlowMo.
         let given_period = base.period;
         match algorithm {
             AlgorithmKind::Ddp => cfg.period = None,

@@ -105,7 +105,8 @@ impl AlgorithmKind {
     }
 }
 
-/// The outer optimizer settings of `diloco`/`slowmo`, resolved and checked
+/// The outer optimizer settings of `diloco`/`streaming-diloco`/`slowmo`, or the wire format of
+/// an averaging algorithm's world averages ([`OuterSettings::averaging`]), resolved and checked
 /// (the binary resolves them from its settings).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct OuterSettings {

@@ -225,8 +225,11 @@ fn reduce_name(r: PseudoGradient) -> &'static str {
 
 impl OuterSettings {
     /// `options` resolved for `kind` averaging every `period` steps over `levels`: the
-    /// defaults filled in and every rule checked (`None` for the algorithms without an outer
-    /// optimizer, which take no outer setting: one given to them is refused, naming it).
+    /// defaults filled in and every rule checked. `local-sgd`, `post-local-sgd` and
+    /// `hierarchical` take only the four wire-format settings (`outer-compression` and its
+    /// chunk, rounding and error feedback): [`OuterSettings::averaging`] when a compression is
+    /// given, else `None`; `ddp` takes none. A setting an algorithm does not take is refused,
+    /// naming it.
     pub fn resolve(
         kind: AlgorithmKind,
         period: u64,
