@@ -265,14 +265,8 @@ impl<'a, 's, M: LearnerModel> RankLoop<'a, 's, M> {
         let optimizer = LearnerOptimizer {
             learner: learner.clone(),
         };
-        let mut pipeline =
-            Pipeline::with_inner_optimizer(group.clone(), Box::new(optimizer), options);
-        if let Some((hook, reducer)) = parts.sync {
-            pipeline = pipeline.with_gradient_sync(hook, reducer);
-        }
-        if let Some(averager) = parts.averager {
-            pipeline = pipeline.with_averager(averager);
-        }
+        let pipeline = Pipeline::with_inner_optimizer(group.clone(), Box::new(optimizer), options)
+            .with_parts(parts);
         let checkpointer = match (rank, shared.state_dir) {
             (0, _) | (_, None) => None,
             (r, Some(dir)) => Some(dir.checkpointer(r, config.keep_rank_checkpoints)),

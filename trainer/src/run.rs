@@ -881,13 +881,7 @@ fn build_pipeline(
         accumulate: cfg.accumulate,
         accumulation: cfg.accumulation,
     };
-    let mut pipeline = Pipeline::new(group.clone(), optimizer(cfg)?, options);
-    if let Some((hook, reducer)) = parts.sync {
-        pipeline = pipeline.with_gradient_sync(hook, reducer);
-    }
-    if let Some(averager) = parts.averager {
-        pipeline = pipeline.with_averager(averager);
-    }
+    let mut pipeline = Pipeline::new(group.clone(), optimizer(cfg)?, options).with_parts(parts);
     if let Some(checkpoints) = checkpoints {
         // Sealed, not yet published: rank 0 publishes it once every rank's metrics rows are
         // synced (`train_worker`), so the rows a resume keeps are its iterations.

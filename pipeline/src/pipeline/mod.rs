@@ -312,6 +312,21 @@ impl<M: Module> Pipeline<M> {
         self
     }
 
+    /// Sync gradients and average models as `parts` says (what
+    /// [`algorithm::build`](crate::algorithm::build) made for an algorithm): its hook and reducer
+    /// through [`with_gradient_sync`](Self::with_gradient_sync), its averager through
+    /// [`with_averager`](Self::with_averager), each when there is one.
+    pub fn with_parts(self, parts: crate::algorithm::AlgorithmParts) -> Self {
+        let mut pipeline = self;
+        if let Some((hook, reducer)) = parts.sync {
+            pipeline = pipeline.with_gradient_sync(hook, reducer);
+        }
+        match parts.averager {
+            Some(averager) => pipeline.with_averager(averager),
+            None => pipeline,
+        }
+    }
+
     /// Average models with `averager` after every optimizer step.
     pub fn with_averager(mut self, averager: Box<dyn ModelAverager>) -> Self {
         self.averager = Some(averager);

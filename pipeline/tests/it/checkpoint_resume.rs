@@ -170,14 +170,9 @@ fn attempt(spec: &AlgorithmSpec, run_dir: &Path, how: Attempt) -> Vec<RankEnd> {
                 checkpoint_every: EVERY,
                 ..Default::default()
             };
-            let mut pipeline = Pipeline::new(world.clone(), sgd(), options);
-            if let Some((hook, reducer)) = parts.sync {
-                pipeline = pipeline.with_gradient_sync(hook, reducer);
-            }
-            if let Some(averager) = parts.averager {
-                pipeline = pipeline.with_averager(averager);
-            }
-            pipeline = pipeline.with_checkpointer(checkpoints.checkpointer(Publish::Now));
+            let mut pipeline = Pipeline::new(world.clone(), sgd(), options)
+                .with_parts(parts)
+                .with_checkpointer(checkpoints.checkpointer(Publish::Now));
 
             let mut model = TwoLayer::new(&device);
             let mut position = DataPosition::default();
@@ -372,13 +367,7 @@ fn resuming_is_refused_with_typed_errors() {
                 let device = Device::flex().autodiff();
                 let mut pipeline = Pipeline::new(world.clone(), sgd(), PipelineOptions::default());
                 if with_parts {
-                    let parts = build(spec, &world).unwrap();
-                    if let Some((hook, reducer)) = parts.sync {
-                        pipeline = pipeline.with_gradient_sync(hook, reducer);
-                    }
-                    if let Some(averager) = parts.averager {
-                        pipeline = pipeline.with_averager(averager);
-                    }
+                    pipeline = pipeline.with_parts(build(spec, &world).unwrap());
                 }
                 let checkpoints =
                     Checkpoints::new(dir.path(), RunIdentity::from_spec(spec, world.size()));

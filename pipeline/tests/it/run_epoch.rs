@@ -66,14 +66,7 @@ fn pipeline(group: localsgd_comm::Group) -> Pipeline<Linear1> {
         lr: 0.1,
         ..PipelineOptions::default()
     };
-    let mut p = Pipeline::new(group, SgdConfig::new().init(), options);
-    if let Some((hook, reducer)) = parts.sync {
-        p = p.with_gradient_sync(hook, reducer);
-    }
-    if let Some(averager) = parts.averager {
-        p = p.with_averager(averager);
-    }
-    p
+    Pipeline::new(group, SgdConfig::new().init(), options).with_parts(parts)
 }
 
 /// Rank 0 has 5 batches, rank 1 has 7: the epoch ends for both after 5 iterations, as a

@@ -75,6 +75,7 @@ fn run(spec: AlgorithmSpec) -> Vec<Trace> {
         .run(|g| {
             let device = Device::flex().autodiff();
             let parts = build(&spec, &g).unwrap();
+            assert!(parts.averager.is_some(), "an averager");
             let mut p = Pipeline::new(
                 g.clone(),
                 burn::optim::SgdConfig::new().init(),
@@ -82,11 +83,8 @@ fn run(spec: AlgorithmSpec) -> Vec<Trace> {
                     lr: 0.1,
                     ..Default::default()
                 },
-            );
-            if let Some((hook, reducer)) = parts.sync {
-                p = p.with_gradient_sync(hook, reducer);
-            }
-            p = p.with_averager(parts.averager.expect("an averager"));
+            )
+            .with_parts(parts);
             let r = g.rank();
             let target: Vec<f32> = (0..N)
                 .map(|i| ((i * (r + 2)) as f32 * 0.7).sin() * (1.0 + r as f32))

@@ -81,6 +81,7 @@ fn run(spec: AlgorithmSpec, steps: usize, schedule: Option<LrSchedule>) -> Vec<T
         .run(|g| {
             let device = Device::flex().autodiff();
             let parts = build(&spec, &g).unwrap();
+            assert!(parts.averager.is_some(), "an averager");
             let mut p = Pipeline::new(
                 g.clone(),
                 burn::optim::SgdConfig::new().init(),
@@ -88,11 +89,8 @@ fn run(spec: AlgorithmSpec, steps: usize, schedule: Option<LrSchedule>) -> Vec<T
                     lr: 0.1,
                     ..Default::default()
                 },
-            );
-            if let Some((hook, reducer)) = parts.sync {
-                p = p.with_gradient_sync(hook, reducer);
-            }
-            p = p.with_averager(parts.averager.expect("an outer averager"));
+            )
+            .with_parts(parts);
             if let Some(s) = schedule.clone() {
                 p = p.with_lr_scheduler(ModuleLrScheduler::new(s.scheduler()));
             }

@@ -96,14 +96,7 @@ fn pipeline_with(
     opts: PipelineOptions,
 ) -> Pipeline<Mlp> {
     let parts = build(&spec, &group).unwrap();
-    let mut p = Pipeline::new(group, optimizer, opts);
-    if let Some((hook, reducer)) = parts.sync {
-        p = p.with_gradient_sync(hook, reducer);
-    }
-    if let Some(a) = parts.averager {
-        p = p.with_averager(a);
-    }
-    p
+    Pipeline::new(group, optimizer, opts).with_parts(parts)
 }
 
 #[test]
