@@ -152,12 +152,37 @@ impl<A: ModelAverager + ?Sized> ModelAverager for Box<A> {
     }
 }
 
-/// Shared by both averagers: accept `state` if its configuration equals `current`.
+/// Shared by both averagers: accept `state` if its configuration equals `current`, up to the
+/// size of a hierarchical schedule's last level: that level is always the whole group, so a
+/// state saved on another number of ranks (the survivors of a rank failure, a resume on fewer
+/// or more workers) has the same schedule.
 pub(crate) fn check_state_config(
     current: &crate::state::AveragerConfig,
     state: &AveragerState,
 ) -> Result<(), AveragerError> {
-    if &state.config == current {
+    use crate::state::AveragerConfig::Hierarchical;
+    let same = match (&state.config, current) {
+        (
+            Hierarchical {
+                levels: saved,
+                warmup_steps: saved_warmup,
+            },
+            Hierarchical {
+                levels,
+                warmup_steps,
+            },
+        ) => {
+            let lower = |l: &[crate::Level]| {
+                l.iter()
+                    .enumerate()
+                    .map(|(i, x)| (x.period, (i + 1 < l.len()).then_some(x.group_size)))
+                    .collect::<Vec<_>>()
+            };
+            saved_warmup == warmup_steps && lower(saved) == lower(levels)
+        }
+        (saved, current) => saved == current,
+    };
+    if same {
         Ok(())
     } else {
         Err(AveragerError::StateMismatch {

@@ -88,6 +88,17 @@ pub enum CommError {
         /// Collectives started on the group.
         started: u64,
     },
+    /// An operation this backend does not offer (or not in this situation), with what to do
+    /// instead.
+    #[error("{operation} is not supported by the {backend} backend: {hint}")]
+    Unsupported {
+        /// The operation that was called (`"shrink"`, ...).
+        operation: &'static str,
+        /// Backend name ("threads", "mpi", "nccl").
+        backend: &'static str,
+        /// What to use or do instead.
+        hint: String,
+    },
     /// A backend-specific failure (MPI, NCCL).
     #[error("{backend} backend error: {message}")]
     Backend {

@@ -72,6 +72,38 @@ pub trait ProcessGroup: Send + Sync + Debug {
     /// without `MPI_THREAD_MULTIPLE`).
     fn dedicated(&self) -> Result<Group, CommError>;
 
+    /// The members of this group that are still alive, as a new group (ULFM's
+    /// `MPIX_Comm_shrink`).
+    ///
+    /// - Collective over the survivors only: every rank that has not failed calls it on the
+    ///   same group, typically after a collective failed with [`CommError::PeerFailed`]. It
+    ///   does not need the failure cleared: the old group stays failed, and the new one is
+    ///   healthy. On a group where nobody failed it returns an equivalent group of all members.
+    /// - Survivors keep their relative order (new rank = position among the survivors);
+    ///   [`world_ranks`](ProcessGroup::world_ranks) of the new group are the survivors' world
+    ///   ranks, and [`host_id`](ProcessGroup::host_id)s carry over.
+    /// - Traffic: the new group replaces the old one in the accounting: it charges the same
+    ///   counters (the old group's, then its ancestors'), so its
+    ///   [`traffic`](ProcessGroup::traffic) continues the old group's totals and a counter
+    ///   read before the failure on the old group subtracts from one read after it on the new
+    ///   group.
+    /// - Errors: [`CommError::Timeout`] (call `"shrink"`) naming the live ranks that did not
+    ///   call it within the group's timeout. Shrinking the same group a second time is an
+    ///   error, never a hang: shrink the group the first shrink returned instead (repeatedly,
+    ///   after each further failure).
+    ///
+    /// Backends: the thread backend implements it; the default (MPI, NCCL for now) returns
+    /// [`CommError::Unsupported`].
+    fn shrink(&self) -> Result<Group, CommError> {
+        Err(CommError::Unsupported {
+            operation: "shrink",
+            backend: self.backend(),
+            hint: "continuing after a rank failure needs the thread backend (ThreadWorld) for \
+                   now; with this backend, restart the run without the failed rank"
+                .into(),
+        })
+    }
+
     /// Record `sig` in this group's traffic counters (and its ancestors'), for a collective run
     /// on this group's behalf on a [`dedicated`](ProcessGroup::dedicated) communicator.
     fn charge(&self, sig: &CallSignature);
@@ -173,3 +205,78 @@ pub trait GroupExt: ProcessGroup {
 }
 
 impl<G: ProcessGroup + ?Sized> GroupExt for G {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A group that implements only what the trait requires, so the defaults show.
+    #[derive(Debug)]
+    struct Minimal;
+
+    impl ProcessGroup for Minimal {
+        fn rank(&self) -> usize {
+            0
+        }
+        fn size(&self) -> usize {
+            1
+        }
+        fn world_ranks(&self) -> &[usize] {
+            &[0]
+        }
+        fn backend(&self) -> &'static str {
+            "minimal"
+        }
+        fn all_reduce(&self, _: BufferMut<'_>, _: ReduceOp) -> Result<(), CommError> {
+            Ok(())
+        }
+        fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), CommError> {
+            Ok(())
+        }
+        fn barrier(&self) -> Result<(), CommError> {
+            Ok(())
+        }
+        fn all_gather_u64(&self, local: &[u64]) -> Result<Vec<u64>, CommError> {
+            Ok(local.to_vec())
+        }
+        fn all_gather_bytes(&self, local: &[u8], out: &mut [u8]) -> Result<(), CommError> {
+            out.copy_from_slice(local);
+            Ok(())
+        }
+        fn split(&self, _: u64) -> Result<Group, CommError> {
+            Ok(Arc::new(Minimal))
+        }
+        fn dedicated(&self) -> Result<Group, CommError> {
+            Ok(Arc::new(Minimal))
+        }
+        fn charge(&self, _: &CallSignature) {}
+        fn host_id(&self) -> u64 {
+            0
+        }
+        fn traffic(&self) -> Traffic {
+            Traffic::default()
+        }
+    }
+
+    #[test]
+    fn default_shrink_is_unsupported_and_says_what_to_use() {
+        let err = Minimal.shrink().unwrap_err();
+        assert!(
+            matches!(
+                err,
+                CommError::Unsupported {
+                    operation: "shrink",
+                    backend: "minimal",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let message = err.to_string();
+        assert!(
+            message.starts_with("shrink is not supported by the minimal backend: "),
+            "{message}"
+        );
+        assert!(message.contains("thread backend"), "{message}");
+    }
+}

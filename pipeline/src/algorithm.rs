@@ -381,6 +381,19 @@ impl AlgorithmSpec {
         Ok(())
     }
 
+    /// The same settings on `world` ranks: the last level of hierarchical averaging (the whole
+    /// world) takes `world` as its group size; the lower levels and every other setting stay
+    /// as they are ([`validate`](Self::validate) says whether they still fit). What the
+    /// survivors of a rank failure run, and what a checkpoint of another number of ranks was
+    /// written with (book: Fault tolerance).
+    pub fn for_world(&self, world: usize) -> Self {
+        let mut spec = self.clone();
+        if let Some(last) = spec.levels.last_mut() {
+            last.group_size = world;
+        }
+        spec
+    }
+
     /// A one-line description, stored in checkpoints to refuse resuming with other settings.
     pub fn identity(&self) -> String {
         // Overlap appears only when on, so checkpoints of blocking runs keep their identity.
@@ -1024,5 +1037,25 @@ mod tests {
             !pipelines(&[7, 1, 7, 1, 9, 0, 9, 0]),
             "one host oversubscribed"
         );
+    }
+
+    /// The survivors' settings: the whole-world level follows the world, nothing else moves;
+    /// a lower level that no longer divides the world is refused by `validate`, naming it.
+    #[test]
+    fn for_world_resizes_the_whole_world_level_only() {
+        let spec = AlgorithmSpec::hierarchical(2, "2:2,4:4".parse().unwrap());
+        let three = spec.for_world(3);
+        let pairs: Vec<(u64, usize)> = three
+            .levels
+            .iter()
+            .map(|l| (l.period, l.group_size))
+            .collect();
+        assert_eq!(pairs, vec![(2, 2), (4, 3)]);
+        assert_eq!(three.warmup, 2);
+        let e = three.validate(3).unwrap_err().to_string();
+        assert!(e.contains("levels"), "{e}");
+        assert!(spec.for_world(6).validate(6).is_ok());
+        let periodic = AlgorithmSpec::default();
+        assert_eq!(periodic.for_world(3).identity(), periodic.identity());
     }
 }

@@ -192,6 +192,12 @@ pub struct RunIdentity {
     pub world_size: usize,
     /// The algorithm settings (algorithm, warmup, period, levels, ...), as text.
     pub algorithm: String,
+    /// Which ranks of the job's first world this run's ranks are, in rank order, when they are
+    /// not `0..world_size`: the survivors of a run that went on after ranks failed
+    /// ([`with_members`](Self::with_members)). Empty means `0..world_size`. Not part of what a
+    /// resume must match: it says which saved file each survivor continues from.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub members: Vec<usize>,
 }
 
 impl RunIdentity {
@@ -202,6 +208,30 @@ impl RunIdentity {
         Self {
             world_size,
             algorithm: spec.identity(),
+            members: Vec::new(),
+        }
+    }
+
+    /// The same identity for a run whose ranks are `members` of the job's first world, in rank
+    /// order (a group's [`world_ranks`](localsgd_comm::ProcessGroup::world_ranks)); recorded
+    /// only when they are not `0..world_size`.
+    pub fn with_members(mut self, members: &[usize]) -> Self {
+        let identity = members.iter().copied().eq(0..self.world_size);
+        self.members = if identity {
+            Vec::new()
+        } else {
+            members.to_vec()
+        };
+        self
+    }
+
+    /// The job-world rank of every rank of this run, in rank order (`0..world_size` unless
+    /// [`members`](Self::members) says otherwise).
+    pub fn member_ranks(&self) -> Vec<usize> {
+        if self.members.is_empty() {
+            (0..self.world_size).collect()
+        } else {
+            self.members.clone()
         }
     }
 }
@@ -723,6 +753,48 @@ impl CheckpointDir {
         check_identity(&dir, &ckpt.meta.identity, identity)?;
         Ok(ckpt)
     }
+
+    /// Load saved rank `saved_rank`'s file from the latest checkpoint for a run on another
+    /// number of ranks: the world size may differ, the algorithm settings must be `spec`'s on
+    /// the saving world ([`AlgorithmSpec::for_world`]), and `saved_rank` must be one of the
+    /// saving run's ranks. Returns the file and the saving run's identity (its world size and
+    /// members).
+    pub fn load_rank_resized(
+        &self,
+        saved_rank: usize,
+        spec: &AlgorithmSpec,
+    ) -> Result<(RankCheckpoint, RunIdentity), CheckpointError> {
+        let (dir, saved, expected) = self.check_latest_resized(spec, &[saved_rank])?;
+        let path = dir.join(format!("rank-{saved_rank}.ckpt"));
+        let bytes = fs::read(&path).map_err(io(&path))?;
+        let ckpt = RankCheckpoint::decode(&path, &bytes)?;
+        check_identity(&dir, &ckpt.meta.identity, &expected)?;
+        Ok((ckpt, saved))
+    }
+
+    /// Check, from the manifest alone, that a run of `spec` can continue the latest checkpoint
+    /// on another number of ranks from `saved_ranks` (the settings match on the saving world,
+    /// every saved rank exists). Returns the checkpoint's directory, the saving run's identity,
+    /// and the identity its files must carry.
+    pub fn check_latest_resized(
+        &self,
+        spec: &AlgorithmSpec,
+        saved_ranks: &[usize],
+    ) -> Result<(PathBuf, RunIdentity, RunIdentity), CheckpointError> {
+        let (dir, saved) = self.latest_identity()?;
+        let expected = RunIdentity::from_spec(&spec.for_world(saved.world_size), saved.world_size);
+        check_identity(&dir, &saved, &expected)?;
+        if let Some(bad) = saved_ranks.iter().find(|&&r| r >= saved.world_size) {
+            return Err(CheckpointError::Incompatible(format!(
+                "saved rank {bad} does not exist: the checkpoint in {} was written by {} \
+                 workers (ranks 0..{})",
+                dir.display(),
+                saved.world_size,
+                saved.world_size
+            )));
+        }
+        Ok((dir, saved, expected))
+    }
 }
 
 /// Refuse a checkpoint written by a run with another world size or algorithm settings.
@@ -733,7 +805,8 @@ fn check_identity(
 ) -> Result<(), CheckpointError> {
     if saved.world_size != identity.world_size {
         return Err(CheckpointError::Incompatible(format!(
-            "the checkpoint in {} was written by {} workers, this run has {} (use `workers = {}`)",
+            "the checkpoint in {} was written by {} workers, this run has {} (use `workers = {}`, \
+             or `resume-ranks` to continue it on another number of workers)",
             dir.display(),
             saved.world_size,
             identity.world_size,

@@ -148,6 +148,16 @@ pub enum LrScheduleKind {
     LinearWarmup,
 }
 
+/// What the surviving ranks do when a rank fails during training (book: Fault tolerance).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum RankFailure {
+    /// End the job with the failure (its last checkpoint can be resumed).
+    Abort,
+    /// Shrink to the surviving ranks, go back to the last checkpoint and train on.
+    Continue,
+}
+
 /// Format of the per-step metrics file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
@@ -825,12 +835,33 @@ settings! {
         ///
         /// Restores `run-dir/checkpoints/latest`: parameters, optimizer state, averager step,
         /// hook `iter`, data position. Refused if the checkpoint was written with another
-        /// `workers` or other algorithm settings (`algorithm`, `warmup`, `period`, `overlap`,
-        /// `levels`, `subgroup-size`, `post-local-allreduce`, `compression` and the outer
-        /// optimizer's settings).
+        /// `workers` (unless `resume-ranks` says how to continue it) or other algorithm
+        /// settings (`algorithm`, `warmup`, `period`, `overlap`, `levels`, `subgroup-size`,
+        /// `post-local-allreduce`, `compression` and the outer optimizer's settings).
         #[setting(type = "bool")]
         #[arg(num_args = 0..=1, default_missing_value = "true")]
         resume: bool = false,
+        /// With `resume`: the saved rank each worker continues from, one per worker, to resume
+        /// a checkpoint written by another number of workers.
+        ///
+        /// `--resume-ranks 0,2,3` (`resume-ranks = [0, 2, 3]`) continues a 4-worker checkpoint
+        /// on 3 workers that take saved ranks 0, 2 and 3's state; a saved rank may appear twice
+        /// (a new worker starts as a copy of it). The rest of the current epoch's data is dealt
+        /// over the new workers (book: Fault tolerance, "Resuming on another number of ranks").
+        /// Empty (the default): the checkpoint's own number of workers, each its own rank.
+        #[setting(type = "list of ranks")]
+        #[arg(value_parser = parse_widths, value_name = "R0,R1,...", allow_hyphen_values = true)]
+        resume_ranks: Vec<usize> as Widths = vec![],
+        /// What the other ranks do when a rank fails during training: `abort` (end the job) or
+        /// `continue` (shrink to the survivors and train on).
+        ///
+        /// With `continue` the survivors go back to the last published checkpoint and continue
+        /// from it on their own, as a resume with `resume-ranks` naming them would (book: Fault
+        /// tolerance). Needs `checkpoint-every` (the checkpoints are the recovery points; 1
+        /// loses no iteration) and, for now, the thread backend.
+        #[setting(type = "`abort` | `continue`")]
+        #[arg(value_enum)]
+        on_rank_failure: RankFailure = RankFailure::Abort,
         /// All-reduce the loss across ranks every this many iterations; 0: never.
         ///
         /// It feeds the `global_loss` column and the progress bar.
@@ -1179,6 +1210,50 @@ impl TrainConfig {
         }
         if let Some(p) = &self.export {
             check_export_path(p)?;
+        }
+        if !self.resume_ranks.is_empty() {
+            if !self.resume {
+                return Err(bad(
+                    "resume-ranks",
+                    format!("{:?}", self.resume_ranks),
+                    "empty, or set together with `resume` (they say which saved rank each worker \
+                     continues from)",
+                ));
+            }
+            if self.resume_ranks.len() != self.workers {
+                return Err(bad(
+                    "resume-ranks",
+                    format!("{:?}", self.resume_ranks),
+                    format!(
+                        "one saved rank per worker: {} entries for `workers` = {}",
+                        self.resume_ranks.len(),
+                        self.workers
+                    ),
+                ));
+            }
+        }
+        if self.on_rank_failure == RankFailure::Continue {
+            if self.backend != Backend::Threads {
+                return Err(bad(
+                    "on-rank-failure",
+                    "continue",
+                    format!(
+                        "`abort` with backend {}: continuing after a rank failure is built for \
+                         the thread backend only (on MPI it needs Open MPI 5's ULFM, which this \
+                         binary does not use yet); resume the last checkpoint on the surviving \
+                         ranks with `resume-ranks` instead",
+                        self.backend.name()
+                    ),
+                ));
+            }
+            if self.checkpoint_every == 0 {
+                return Err(bad(
+                    "on-rank-failure",
+                    "continue",
+                    "`abort`, or set `checkpoint-every` too: the survivors continue from the last \
+                     checkpoint (`checkpoint-every = 1` loses no iteration)",
+                ));
+            }
         }
         if let Some(r) = self.export_rank {
             if self.export.is_none() {

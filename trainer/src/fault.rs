@@ -1,7 +1,9 @@
 //! Fault injection, for rehearsing failures (the project's fault soak, and operators testing
 //! their own job scripts): the environment variable `LOCALSGD_FAULT=KIND@RANK:ITERATION` makes
 //! one rank of a `localsgd train` run fail in a chosen way just before that iteration (0-based)
-//! starts. Unset (the normal case) nothing is injected.
+//! starts; several faults are separated by commas (`panic@1:5,panic@3:9`). `RANK` is the
+//! rank in the job's first world: after ranks left (`on-rank-failure = "continue"`) it still
+//! names the same worker. Unset (the normal case) nothing is injected.
 //!
 //! | `KIND` | what the rank does | what the run reports |
 //! |---|---|---|
@@ -16,6 +18,8 @@
 //! let f: Fault = "stall@1:7".parse()?;
 //! assert_eq!(f, Fault { kind: FaultKind::Stall, rank: 1, iteration: 7 });
 //! assert!("stall@one:7".parse::<Fault>().is_err());
+//! let two = Fault::parse_list("panic@1:5,panic@3:9")?;
+//! assert_eq!(two.len(), 2);
 //! # Ok::<(), String>(())
 //! ```
 
@@ -79,16 +83,21 @@ impl FromStr for Fault {
 }
 
 impl Fault {
-    /// The fault `LOCALSGD_FAULT` asks for, if set.
-    pub fn from_env() -> Result<Option<Self>, String> {
+    /// The faults `LOCALSGD_FAULT` asks for (none when it is unset).
+    pub fn from_env() -> Result<Vec<Self>, String> {
         match std::env::var(ENV) {
-            Ok(v) => v.parse().map(Some),
-            Err(std::env::VarError::NotPresent) => Ok(None),
+            Ok(v) => Self::parse_list(&v),
+            Err(std::env::VarError::NotPresent) => Ok(Vec::new()),
             Err(std::env::VarError::NotUnicode(v)) => Err(format!("{ENV} = {v:?}: not UTF-8")),
         }
     }
 
-    /// Whether it is due on `rank` before `iteration`.
+    /// Comma-separated faults (`panic@1:5,panic@3:9`).
+    pub fn parse_list(s: &str) -> Result<Vec<Self>, String> {
+        s.split(',').map(|f| f.trim().parse()).collect()
+    }
+
+    /// Whether it is due on `rank` (of the job's first world) before `iteration`.
     pub fn due(&self, rank: usize, iteration: u64) -> bool {
         self.rank == rank && self.iteration == iteration
     }

@@ -126,8 +126,12 @@ pub(crate) fn prepare_run_dir(cfg: &TrainConfig) -> Result<PathBuf> {
         // Refuse a checkpoint of another run before anything in its directory is rewritten
         // (config.toml would otherwise describe the refused settings).
         let spec = cfg.algorithm_spec()?;
-        let identity = run::run_identity(&spec, cfg.workers);
-        CheckpointDir::new(&dir).check_latest(&identity)?;
+        let checkpoints = CheckpointDir::new(&dir);
+        if cfg.resume_ranks.is_empty() {
+            checkpoints.check_latest(&run::run_identity(&spec, cfg.workers))?;
+        } else {
+            checkpoints.check_latest_resized(&spec, &cfg.resume_ranks)?;
+        }
     }
     std::fs::create_dir_all(&dir)
         .with_context(|| format!("creating run directory {}", dir.display()))?;
@@ -148,6 +152,7 @@ pub(crate) fn report(cfg: &TrainConfig, outcome: &RankOutcome, dir: &Path) -> Re
         result: r0,
         totals,
         wall_seconds: wall,
+        membership,
     } = outcome;
     let wall = *wall;
     let RunTotals {
@@ -171,6 +176,20 @@ pub(crate) fn report(cfg: &TrainConfig, outcome: &RankOutcome, dir: &Path) -> Re
         "trained {} iterations on {} workers ({:?}, {:?} backend) in {:.2}s: {throughput}",
         r0.iterations, cfg.workers, cfg.algorithm, cfg.backend, wall,
     );
+    for change in membership {
+        println!(
+            "rank(s) {:?} left at iteration {}: {} workers continued from iteration {}{}",
+            change.left,
+            change.detected_at,
+            change.members.len(),
+            change.iteration,
+            change
+                .recovery_seconds
+                .map_or_else(String::new, |s| format!(
+                    " ({s:.2}s to their first iteration)"
+                ))
+        );
+    }
     println!(
         "communication: {collectives} collectives, {:.2} MB (all ranks; {:.2} MB of it gradients/parameters/losses, the rest control flags); skipped optimizer steps: {}",
         bytes as f64 / 1e6,
@@ -220,6 +239,8 @@ pub(crate) fn report(cfg: &TrainConfig, outcome: &RankOutcome, dir: &Path) -> Re
         })).collect::<Vec<_>>(),
         "iterations": r0.iterations,
         "workers": cfg.workers,
+        "world_size": ranks.len(),
+        "membership": membership,
         "backend": cfg.backend,
         "algorithm": cfg.algorithm,
         "bytes": bytes,

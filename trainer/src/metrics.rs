@@ -229,6 +229,45 @@ impl EvalWriter {
     }
 }
 
+/// The run directory's record of membership changes (`on-rank-failure = "continue"`), one row
+/// per change.
+pub const MEMBERSHIP_FILE: &str = "membership.csv";
+
+/// Append one membership change to `run_dir/membership.csv` (header first when the file is
+/// new) and sync it: `iteration` the new world continued from, `detected_at` the iteration the
+/// failure reached rank 0 in, `left` and `members` as ranks of the job's first world separated
+/// by spaces, `world_size` after the change, `recovery_seconds` until the new world's first
+/// iteration.
+pub fn append_membership(
+    run_dir: &Path,
+    change: &crate::run::MembershipChange,
+) -> std::io::Result<()> {
+    let path = run_dir.join(MEMBERSHIP_FILE);
+    let new = !path.exists();
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)?;
+    let ranks = |r: &[usize]| r.iter().map(usize::to_string).collect::<Vec<_>>().join(" ");
+    let mut text = String::new();
+    if new {
+        text.push_str("iteration,detected_at,left,world_size,members,recovery_seconds\n");
+    }
+    text.push_str(&format!(
+        "{},{},{},{},{},{}\n",
+        change.iteration,
+        change.detected_at,
+        ranks(&change.left),
+        change.members.len(),
+        ranks(&change.members),
+        change
+            .recovery_seconds
+            .map_or_else(String::new, |s| format!("{s:.6}"))
+    ));
+    file.write_all(text.as_bytes())?;
+    file.sync_all()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

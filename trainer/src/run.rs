@@ -6,7 +6,7 @@ use crate::checkpoint::{CheckpointError, Checkpoints, Publish, RunIdentity};
 use crate::cnn::CnnConfig;
 use crate::config::{
     Backend, DatasetKind, DeviceKind, LrScheduleKind, ModelKind, OptimizerKind, PipelineBuckets,
-    SettingError, TrainConfig,
+    RankFailure, SettingError, TrainConfig,
 };
 use crate::data::{self, DataError, Dataset, ShardSampler, TrainTest};
 use crate::fault::{Fault, FaultKind};
@@ -252,8 +252,10 @@ pub fn load_data(cfg: &TrainConfig) -> Result<TrainTest, DataError> {
 /// CPU and checked against that model: names, shapes, element types). The binary calls it
 /// before it creates the run directory.
 pub fn preflight(cfg: &TrainConfig, train: &Dataset) -> Result<ModelSpec, RunError> {
-    if let Some(f) = Fault::from_env().map_err(RunError::Fault)?
-        && f.rank >= cfg.workers
+    if let Some(f) = Fault::from_env()
+        .map_err(RunError::Fault)?
+        .into_iter()
+        .find(|f| f.rank >= cfg.workers)
     {
         return Err(RunError::Fault(format!(
             "{} names rank {}, but this run has {} worker(s) (ranks 0..{})",
@@ -483,6 +485,9 @@ pub struct ShardLoader {
     batch_size: usize,
     device: Device,
     epoch: u64,
+    /// The first row of the epoch's order this world's sharding deals (nonzero only in an
+    /// epoch dealt again after the number of ranks changed: [`ShardSampler::redeal`]).
+    start: u64,
     batches: Vec<Vec<usize>>,
     next: usize,
     epochs: Option<u64>,
@@ -499,13 +504,15 @@ impl ShardLoader {
         position: DataPosition,
         epochs: Option<u64>,
     ) -> Result<Self, DataError> {
-        let batches = sampler.batches(position.epoch, batch_size)?;
+        let start = usize::try_from(position.start).unwrap_or(usize::MAX);
+        let batches = sampler.batches_from(position.epoch, start, batch_size)?;
         Ok(Self {
             data,
             sampler,
             batch_size,
             device,
             epoch: position.epoch,
+            start: position.start,
             batches,
             next: position.next_batch as usize,
             epochs,
@@ -515,6 +522,7 @@ impl ShardLoader {
     /// Move to the start of the next epoch.
     pub fn advance_epoch(&mut self) -> Result<(), DataError> {
         self.epoch += 1;
+        self.start = 0;
         self.batches = self.sampler.batches(self.epoch, self.batch_size)?;
         self.next = 0;
         Ok(())
@@ -550,6 +558,7 @@ impl BatchSource<(Tensor<2>, Tensor<1, Int>)> for ShardLoader {
         Some(DataPosition {
             epoch: self.epoch,
             next_batch: self.next as u64,
+            start: self.start,
         })
     }
 
@@ -575,15 +584,109 @@ pub type Progress = Box<dyn FnMut(u64, u64, Option<f64>) + Send>;
 
 /// Run one rank of a training run. `run_dir` is written by rank 0, except the checkpoint rank
 /// files and the per-rank metrics files ([`MetricsWriter::file_name`]), which every rank writes.
+/// A rank failure ends it with the failure, whatever `on-rank-failure` says: [`run_rank`]
+/// continues on the survivors.
 pub fn train_worker(
     cfg: &TrainConfig,
     group: Group,
     data: &TrainTest,
     run_dir: Option<&Path>,
-    mut progress: Option<Progress>,
+    progress: Option<Progress>,
+) -> Result<WorkerResult, RunError> {
+    let mut rank_state = RankState::new(progress)?;
+    let start = Start::configured(cfg, group.rank());
+    train_from(cfg, group, data, run_dir, start, &mut rank_state)
+}
+
+/// Where a rank's training starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Start {
+    /// From the model's initial weights, at iteration 0.
+    Fresh,
+    /// From its own file of the latest checkpoint (a `resume` on as many workers).
+    Resume,
+    /// From saved rank `.0`'s file of the latest checkpoint, written by another number of ranks
+    /// (`resume-ranks`, or the survivors of a rank failure).
+    ResumeFrom(usize),
+}
+
+impl Start {
+    /// The start a configuration asks `rank` for.
+    fn configured(cfg: &TrainConfig, rank: usize) -> Self {
+        match (cfg.resume, cfg.resume_ranks.get(rank)) {
+            (false, _) => Self::Fresh,
+            (true, None) => Self::Resume,
+            (true, Some(&saved)) => Self::ResumeFrom(saved),
+        }
+    }
+}
+
+/// What a rank carries across a change of its world ([`run_rank`] with `on-rank-failure =
+/// "continue"`): the progress callback, the faults still to inject, the membership changes so
+/// far and where training stood.
+struct RankState {
+    progress: Option<Progress>,
+    faults: Vec<Fault>,
+    membership: Vec<MembershipChange>,
+    /// When the last membership change was detected, until the new world completes an
+    /// iteration.
+    recovering: Option<Instant>,
+    /// Iterations completed (the pipeline's counter), as of the last one.
+    iteration: u64,
+    /// Samples processed, in every world so far.
+    samples: u64,
+    /// Rank 0's loss curve so far.
+    curve: Vec<(f64, f64)>,
+    /// Communication of the worlds that ended in a failure.
+    traffic: Traffic,
+}
+
+impl RankState {
+    fn new(progress: Option<Progress>) -> Result<Self, RunError> {
+        Ok(Self {
+            progress,
+            faults: Fault::from_env().map_err(RunError::Fault)?,
+            membership: Vec::new(),
+            recovering: None,
+            iteration: 0,
+            samples: 0,
+            curve: Vec::new(),
+            traffic: Traffic::default(),
+        })
+    }
+}
+
+/// A change of the ranks a run trains on: ranks that failed left, and the survivors went on
+/// from the last checkpoint (`on-rank-failure = "continue"`; book: Fault tolerance).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct MembershipChange {
+    /// The iteration the new world continues from: the last published checkpoint's (0 without
+    /// one). Its averages and data are the new world's from here on.
+    pub iteration: u64,
+    /// Iterations the old world had completed on this rank when the failure reached it.
+    pub detected_at: u64,
+    /// Ranks (of the job's first world) that left.
+    pub left: Vec<usize>,
+    /// Ranks (of the job's first world) of the new world, in its rank order.
+    pub members: Vec<usize>,
+    /// Seconds from the failure reaching this rank to the new world's first completed
+    /// iteration (`None` if it completed none).
+    pub recovery_seconds: Option<f64>,
+}
+
+/// [`train_worker`] from `start`, with the state a rank keeps across world changes.
+fn train_from(
+    cfg: &TrainConfig,
+    group: Group,
+    data: &TrainTest,
+    run_dir: Option<&Path>,
+    start: Start,
+    state: &mut RankState,
 ) -> Result<WorkerResult, RunError> {
     let rank = group.rank();
     let world = group.size();
+    // The rank in the job's first world: what fault injection and membership records name.
+    let job_rank = group.world_ranks().get(rank).copied().unwrap_or(rank);
     if cfg.flush_denormals {
         crate::denormals::flush_on_compute_threads()?;
     }
@@ -595,19 +698,35 @@ pub fn train_worker(
     };
     let (cfg, per_epoch) = effective_settings(cfg, data, world, rank)?;
     let cfg = cfg.as_ref();
-    let spec = cfg.algorithm_spec()?;
-    let checkpoints = run_dir.map(|dir| Checkpoints::new(dir, run_identity(&spec, world)));
+    // On the configured number of workers, the configuration's settings; on fewer (the
+    // survivors of a rank failure), the same with the whole-world level on the new world.
+    let spec = cfg.algorithm_spec()?.for_world(world);
+    spec.validate(world)?;
+    let identity = run_identity(&spec, world).with_members(group.world_ranks());
+    let checkpoints = run_dir.map(|dir| Checkpoints::new(dir, identity));
     let mut pipeline = build_pipeline(cfg, &spec, &group, checkpoints.as_ref())?;
-    let (mut model, position, resume_done) = if cfg.resume {
-        let resumed = checkpoints
-            .as_ref()
-            .ok_or_else(|| CheckpointError::Missing(Path::new("(no run directory)").into()))?
-            .resume(rank, model, optimizer(cfg)?, &mut pipeline)
+    let (mut model, position, resume_done, saved_world) = match (start, &checkpoints) {
+        (Start::Fresh, _) => (model, DataPosition::default(), None, world),
+        (_, None) => {
+            return Err(CheckpointError::Missing(Path::new("(no run directory)").into()).into());
+        }
+        (start, Some(c)) => {
+            let optimizer = optimizer(cfg)?;
+            let r = match start {
+                Start::ResumeFrom(saved) => {
+                    c.resume_from(saved, &spec, model, optimizer, &mut pipeline)
+                }
+                _ => c.resume(rank, model, optimizer, &mut pipeline),
+            }
             .map_err(checkpoint_failure)?;
-        (resumed.model, resumed.data, Some(resumed.iterations_done))
-    } else {
-        (model, DataPosition::default(), None)
+            (r.model, r.data, Some(r.iterations_done), r.saved.world_size)
+        }
     };
+    if state.recovering.is_some()
+        && let Some(change) = state.membership.last_mut()
+    {
+        change.iteration = resume_done.unwrap_or(0);
+    }
 
     let train = Arc::new(data.train.clone());
     let mut sampler = ShardSampler::new(train.len(), world, rank)?;
@@ -616,6 +735,8 @@ pub fn train_worker(
     }
     // Without `steps` the run is `epochs` epochs of data; with it, as many as its steps take.
     let epochs = cfg.steps.is_none().then_some(cfg.epochs);
+    // A checkpoint of another number of ranks: the rest of its epoch is dealt over this world.
+    let position = sampler.redeal(position, saved_world, cfg.batch_size)?;
     let mut loader = ShardLoader::new(
         train,
         sampler,
@@ -624,13 +745,22 @@ pub fn train_worker(
         position,
         epochs,
     )?;
-    let total = cfg.steps.unwrap_or(per_epoch.steps(cfg.epochs));
+    let total = match (cfg.steps, resume_done) {
+        (Some(steps), _) => steps,
+        // The epochs left, counted in this world's batches.
+        (None, Some(done)) if saved_world != world => {
+            let left_now = loader.batches_per_epoch() as u64
+                - position.next_batch.min(loader.batches_per_epoch() as u64);
+            done + per_epoch.steps_after(left_now, cfg.epochs.saturating_sub(position.epoch + 1))
+        }
+        (None, _) => per_epoch.steps(cfg.epochs),
+    };
     let mut pipeline =
         pipeline.with_lr_scheduler(ModuleLrScheduler::new(lr_schedule(cfg, total).scheduler()));
 
     let mut metrics = match run_dir {
         Some(dir) => Some(
-            MetricsWriter::create(dir, cfg.metrics_format, rank, resume_done)
+            MetricsWriter::create(dir, cfg.metrics_format, job_rank, resume_done)
                 .map_err(output_error("metrics"))?,
         ),
         None => None,
@@ -651,22 +781,35 @@ pub fn train_worker(
 
     let traffic_start = group.traffic();
     let started = Instant::now();
-    let mut samples = 0u64;
+    // What earlier worlds of this rank did (`on-rank-failure = "continue"`) counts too.
+    let mut samples = state.samples;
     let mut last_global = None;
-    let mut curve = Vec::new();
+    // Rank 0's loss curve: the iterations a new world took over are its own.
+    let mut curve = std::mem::take(&mut state.curve);
+    curve.retain(|(i, _)| *i < resume_done.unwrap_or(0) as f64);
     let loss_fn = |m: &Network, b: &(Tensor<2>, Tensor<1, Int>)| loss(m, b);
-    let mut fault = Fault::from_env().map_err(RunError::Fault)?;
+    state.iteration = pipeline.iteration();
     while pipeline.iteration() < total {
         if cfg.steps.is_none() && loader.epoch() >= cfg.epochs {
             break;
         }
-        if let Some(f) = fault.take_if(|f| f.due(rank, pipeline.iteration())) {
+        let due = state
+            .faults
+            .iter()
+            .position(|f| f.due(job_rank, pipeline.iteration()));
+        if let Some(i) = due {
+            let f = state.faults.remove(i);
             inject(f, cfg, &group, &mut loader)?;
         }
         match pipeline.run_iteration(model, &mut loader, &loss_fn)? {
             Outcome::Trained(m, report) => {
                 model = m;
+                state.iteration = pipeline.iteration();
+                if let Some(since) = state.recovering.take() {
+                    recovered(&mut state.membership, since, rank, run_dir)?;
+                }
                 samples += cfg.batch_size as u64;
+                state.samples = samples;
                 if report.global_loss.is_some() {
                     last_global = report.global_loss;
                 }
@@ -677,7 +820,8 @@ pub fn train_worker(
                 let done = pipeline.iteration();
                 if rank == 0 {
                     curve.push((report.iteration as f64, report.loss as f64));
-                    if let Some(p) = &mut progress {
+                    state.curve.clone_from(&curve);
+                    if let Some(p) = &mut state.progress {
                         p(done, total, last_global);
                     }
                     if let Some(e) = &mut evals
@@ -716,7 +860,7 @@ pub fn train_worker(
     pipeline.pending_average()?;
     pipeline.outer_state()?;
     let wall = started.elapsed();
-    let traffic = group.traffic() - traffic_start;
+    let traffic = group.traffic() - traffic_start + state.traffic;
     sync_run_files(&mut metrics, &mut evals)?;
     // The final state is always saved when there is a run directory, so `resume` can continue;
     // buffers (BatchNorm's running statistics) with the last forward's update, as the
@@ -764,6 +908,17 @@ impl EpochSteps {
         match self.accumulation {
             Accumulation::Stream => (epochs * self.batches).div_ceil(self.accumulate),
             Accumulation::EpochEnd => epochs * self.batches.div_ceil(self.accumulate),
+        }
+    }
+
+    /// Optimizer steps in the `first` batches left of the current epoch and `epochs` whole
+    /// epochs after it (a world that took over mid-epoch).
+    fn steps_after(&self, first: u64, epochs: u64) -> u64 {
+        match self.accumulation {
+            Accumulation::Stream => (first + epochs * self.batches).div_ceil(self.accumulate),
+            Accumulation::EpochEnd => {
+                first.div_ceil(self.accumulate) + epochs * self.batches.div_ceil(self.accumulate)
+            }
         }
     }
 }
@@ -1008,11 +1163,19 @@ pub struct RankOutcome {
     /// The slowest rank's training wall time in seconds (the job is as fast as its slowest
     /// rank; the same on every rank).
     pub wall_seconds: f64,
+    /// The changes of the ranks the run trained on, in order (`on-rank-failure =
+    /// "continue"`; empty when every rank finished). The same on every surviving rank.
+    pub membership: Vec<MembershipChange>,
 }
 
 /// The per-rank run every backend executes (threads: one per thread, [`train_threads`]; MPI and
 /// NCCL: one per process): [`train_worker`], then the slowest rank's wall time and
 /// [`RunTotals::gather`]. Collective.
+///
+/// With `on-rank-failure = "continue"`, a peer's failure during training does not end the
+/// rank: the survivors shrink the group ([`ProcessGroup::shrink`](localsgd_comm::ProcessGroup::shrink)),
+/// take up the last published checkpoint (each its own saved state; none: the start) and train
+/// on; the totals are then the survivors'.
 pub fn run_rank(
     cfg: &TrainConfig,
     group: Group,
@@ -1021,7 +1184,50 @@ pub fn run_rank(
     progress: Option<Progress>,
 ) -> Result<RankOutcome, RunError> {
     let started = Instant::now();
-    let result = train_worker(cfg, group.clone(), data, run_dir, progress)?;
+    let mut state = RankState::new(progress)?;
+    // `warmup-epochs` becomes steps once, on the configured world: survivors keep the schedule.
+    let mut fixed = effective_settings(cfg, data, group.size(), group.rank())?
+        .0
+        .into_owned();
+    fixed.warmup_epochs = None;
+    let cfg = &fixed;
+    let mut group = group;
+    let mut start = Start::configured(cfg, group.rank());
+    let result = loop {
+        let traffic_before = group.traffic();
+        let failure = match train_from(cfg, group.clone(), data, run_dir, start, &mut state) {
+            Ok(result) => break result,
+            Err(e) if cfg.on_rank_failure == RankFailure::Continue && is_peer_failure(&e) => e,
+            Err(e) => return Err(e),
+        };
+        state.traffic += group.traffic() - traffic_before;
+        let detected = Instant::now();
+        let survivors = group.shrink()?;
+        let old: Vec<usize> = group.world_ranks().to_vec();
+        let members: Vec<usize> = survivors.world_ranks().to_vec();
+        let left: Vec<usize> = old
+            .iter()
+            .copied()
+            .filter(|r| !members.contains(r))
+            .collect();
+        let next = continue_point(&survivors, run_dir)?;
+        tracing::warn!(
+            ?left,
+            world = members.len(),
+            "a rank failed ({failure}); the survivors continue from the last checkpoint"
+        );
+        state.membership.push(MembershipChange {
+            // Set when the new world has resumed (0: no checkpoint, the start).
+            iteration: 0,
+            detected_at: state.iteration,
+            left,
+            members,
+            recovery_seconds: None,
+        });
+        state.recovering = Some(detected);
+        start = next;
+        group = survivors;
+    };
     let mut wall = [started.elapsed().as_secs_f64()];
     group.all_reduce_slice(&mut wall, localsgd_comm::ReduceOp::Max)?;
     let totals = RunTotals::gather(&group, &result)?;
@@ -1029,11 +1235,65 @@ pub fn run_rank(
         result,
         totals,
         wall_seconds: wall[0],
+        membership: state.membership,
     })
 }
 
+/// Where the survivors in `group` continue after a rank failure: the last published checkpoint
+/// (this rank's file in it: the saving world's rank of this rank's job rank), or the start
+/// when there is none.
+fn continue_point(group: &Group, run_dir: Option<&Path>) -> Result<Start, RunError> {
+    let dir = run_dir.ok_or_else(|| {
+        RunError::Config(SettingError::new(
+            "on-rank-failure",
+            "continue",
+            "`abort`, or a run directory: the survivors continue from its last checkpoint",
+        ))
+    })?;
+    let checkpoints = crate::checkpoint::CheckpointDir::new(dir);
+    let (path, saved) = match checkpoints.latest_identity() {
+        Ok(found) => found,
+        Err(CheckpointError::Missing(_)) => return Ok(Start::Fresh),
+        Err(e) => return Err(e.into()),
+    };
+    let me = group.world_ranks()[group.rank()];
+    let saved_rank = saved
+        .member_ranks()
+        .iter()
+        .position(|&r| r == me)
+        .ok_or_else(|| {
+            RunError::Checkpoint(CheckpointError::Incompatible(format!(
+                "rank {me} is not one of the ranks {:?} that wrote the checkpoint in {}",
+                saved.member_ranks(),
+                path.display()
+            )))
+        })?;
+    Ok(Start::ResumeFrom(saved_rank))
+}
+
+/// The new world completed its first iteration after a membership change: time the recovery,
+/// and (rank 0) append the change to the run directory's `membership.csv`.
+fn recovered(
+    membership: &mut [MembershipChange],
+    since: Instant,
+    rank: usize,
+    run_dir: Option<&Path>,
+) -> Result<(), RunError> {
+    let Some(change) = membership.last_mut() else {
+        return Ok(());
+    };
+    change.recovery_seconds = Some(since.elapsed().as_secs_f64());
+    if let (0, Some(dir)) = (rank, run_dir) {
+        crate::metrics::append_membership(dir, change).map_err(output_error("membership.csv"))?;
+    }
+    Ok(())
+}
+
 /// Run all ranks as threads of this process; results in rank order. A worker that panics is
-/// reported as a communication failure of its peers plus the panic itself.
+/// reported as a communication failure of its peers plus the panic itself. With
+/// `on-rank-failure = "continue"`, ranks that fail (a panic or an error of their own) leave and
+/// the survivors' outcomes are returned, in their final rank order; the run fails only when no
+/// rank finished.
 pub fn train_threads(
     cfg: &TrainConfig,
     data: &TrainTest,
@@ -1043,8 +1303,8 @@ pub fn train_threads(
     let world = localsgd_comm::ThreadWorld::new(cfg.workers)?
         .with_timeout(Duration::from_secs(cfg.timeout_secs));
     let progress = std::sync::Mutex::new(progress);
-    let results = world
-        .run(|group| {
+    let results: Vec<Result<RankOutcome, RunError>> = world
+        .run_each(|group| {
             let p = if group.rank() == 0 {
                 progress.lock().ok().and_then(|mut p| p.take())
             } else {
@@ -1052,11 +1312,46 @@ pub fn train_threads(
             };
             run_rank(cfg, group, data, run_dir, p)
         })
-        .map_err(|p| RunError::WorkerPanicked {
-            rank: p.rank,
-            message: p.message,
-        })?;
-    // Report the root cause: a rank's own error before its peers' "rank N failed" errors.
+        .into_iter()
+        .map(|r| {
+            r.map_err(|p| RunError::WorkerPanicked {
+                rank: p.rank,
+                message: p.message,
+            })
+            .and_then(|r| r)
+        })
+        .collect();
+    if cfg.on_rank_failure == RankFailure::Continue && results.iter().any(Result::is_ok) {
+        let mut ok = Vec::new();
+        for r in results {
+            match r {
+                Ok(o) => ok.push(o),
+                Err(e) => tracing::warn!("a rank left the run: {e}"),
+            }
+        }
+        ok.sort_by_key(|o| o.result.rank);
+        return Ok(ok);
+    }
+    if cfg.on_rank_failure == RankFailure::Continue {
+        // No rank finished: the survivors' own reason to stop (a level that no longer fits
+        // their world, say) is the root cause, not the failure they survived.
+        let mut results = results;
+        if let Some(i) = results.iter().position(|r| {
+            r.as_ref().is_err_and(|e| {
+                !matches!(e, RunError::WorkerPanicked { .. }) && !is_peer_failure(e)
+            })
+        }) && let Err(e) = results.swap_remove(i)
+        {
+            return Err(e);
+        }
+        return first_error(results);
+    }
+    first_error(results)
+}
+
+/// The outcomes, or the root cause of a failure: a panic first, then a rank's own error before
+/// its peers' "rank N failed" errors.
+fn first_error(results: Vec<Result<RankOutcome, RunError>>) -> Result<Vec<RankOutcome>, RunError> {
     let mut ok = Vec::with_capacity(results.len());
     let mut first_err: Option<RunError> = None;
     for r in results {
@@ -1065,7 +1360,11 @@ pub fn train_threads(
             Err(e) => {
                 let replace = match &first_err {
                     None => true,
-                    Some(prev) => is_peer_failure(prev) && !is_peer_failure(&e),
+                    Some(prev) => {
+                        !matches!(prev, RunError::WorkerPanicked { .. })
+                            && (matches!(e, RunError::WorkerPanicked { .. })
+                                || (is_peer_failure(prev) && !is_peer_failure(&e)))
+                    }
                 };
                 if replace {
                     first_err = Some(e);

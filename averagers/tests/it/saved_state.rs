@@ -138,3 +138,36 @@ fn loading_a_state_of_another_configuration_fails_naming_both() {
     let mut other_levels = HierarchicalModelAverager::new(&[(2, 1), (4, 1)], 0, g).unwrap();
     assert!(other_levels.load_state(&hier.state()).is_err());
 }
+
+/// A hierarchical state saved on 4 ranks loads on the 3 survivors of a rank failure: the last
+/// level is the whole group whatever its size. Lower levels, periods and warmup must match.
+#[test]
+fn hierarchical_state_loads_on_another_world_size_but_not_another_schedule() {
+    let saved = AveragerState {
+        step: 9,
+        config: AveragerConfig::Hierarchical {
+            levels: vec![Level::from((2, 1)), Level::from((4, 4))],
+            warmup_steps: 2,
+        },
+    };
+    let out = ThreadWorld::new(3)
+        .unwrap()
+        .run(|world| {
+            let load = |levels: &[(u64, usize)], warmup| {
+                let levels: Vec<Level> = levels.iter().copied().map(Level::from).collect();
+                let mut avg = HierarchicalModelAverager::new(&levels, warmup, world.clone())?;
+                avg.load_state(&saved).map(|()| avg.step())
+            };
+            (
+                load(&[(2, 1), (4, 3)], 2),
+                load(&[(2, 3), (4, 3)], 2).is_err(),
+                load(&[(2, 1), (5, 3)], 2).is_err(),
+                load(&[(2, 1), (4, 3)], 3).is_err(),
+            )
+        })
+        .unwrap();
+    for (same, lower, period, warmup) in out {
+        assert_eq!(same.unwrap(), 9);
+        assert!(lower && period && warmup);
+    }
+}

@@ -259,6 +259,28 @@ impl ProcessGroup for ThreadGroup {
         self.split_into(0, TrafficChain::root())
     }
 
+    /// Waits (spin, then park) until every member that has not left has called `shrink` on
+    /// this group, or until the group timeout ([`CommError::Timeout`], call `"shrink"`, naming
+    /// the live members that did not call). A member dropping its handle meanwhile wakes the
+    /// waiters, which then complete without it. Every survivor gets a handle on one new shared
+    /// group state; the new handles charge this handle's traffic counters (see the trait).
+    ///
+    /// One shrink per group: calling it again on this group (from this rank, after a shrink
+    /// formed or timed out) returns an error at once — [`CommError::Unsupported`] after a
+    /// formed shrink, the same [`CommError::Timeout`] after a timed-out one. Shrink the
+    /// returned group after a further failure. Does not queue behind collectives issued
+    /// through this handle by other threads of this rank.
+    fn shrink(&self) -> Result<Group, CommError> {
+        let shrunk = self.shared.shrink(self.rank)?;
+        let hosts: Vec<u64> = shrunk.members.iter().map(|&r| self.hosts[r]).collect();
+        Ok(Arc::new(ThreadGroup::new(
+            shrunk.rank,
+            shrunk.shared,
+            Arc::new(hosts),
+            self.traffic.clone(),
+        )))
+    }
+
     fn charge(&self, sig: &CallSignature) {
         self.traffic.record(sig);
     }

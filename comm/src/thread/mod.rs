@@ -1,4 +1,31 @@
 //! The embedded backend: W worker threads in one process, each with its own group handle.
+//!
+//! Failures: a rank whose handle is dropped (also while its thread panics) has left; its peers'
+//! pending and later collectives on the group fail with [`CommError::PeerFailed`], and the
+//! group stays failed. The survivors can go on without it:
+//! [`shrink`](crate::ProcessGroup::shrink), called by every rank that has not left, gives them a
+//! new group of just themselves (same relative order, their world ranks and host ids, the old
+//! group's traffic counters), and [`ThreadWorld::run_each`] returns the survivors' results next
+//! to the failed rank's [`WorkerPanicked`]. Each group shrinks once; after a further failure the
+//! shrunk group is shrunk in turn.
+//!
+//! ```
+//! use localsgd_comm::{CommError, GroupExt, ProcessGroup, ReduceOp, ThreadWorld};
+//!
+//! let out = ThreadWorld::new(3)?.run_each(|world| -> Result<f32, CommError> {
+//!     assert_ne!(world.rank(), 1, "rank 1 fails on purpose");
+//!     let mut v = [world.rank() as f32];
+//!     if let Err(CommError::PeerFailed { rank: 1, .. }) = world.all_reduce_slice(&mut v, ReduceOp::Sum) {
+//!         let survivors = world.shrink()?; // world ranks [0, 2]
+//!         survivors.all_reduce_slice(&mut v, ReduceOp::Sum)?;
+//!     }
+//!     Ok(v[0])
+//! });
+//! assert_eq!(out[0], Ok(Ok(2.0)));
+//! assert!(out[1].is_err());
+//! assert_eq!(out[2], Ok(Ok(2.0)));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 mod group;
 mod reduce;
@@ -129,8 +156,33 @@ impl ThreadWorld {
     ///
     /// A panicking worker drops its handle while unwinding, so its peers' collectives fail fast
     /// with the rank named; the panic itself is reported here as [`WorkerPanicked`] (lowest rank
-    /// first).
+    /// first). To keep the other ranks' results when one fails (survivors that
+    /// [`shrink`](crate::ProcessGroup::shrink) and go on), use [`run_each`](Self::run_each).
     pub fn run<F, R>(&self, f: F) -> Result<Vec<R>, WorkerPanicked>
+    where
+        F: Fn(Group) -> R + Sync,
+        R: Send,
+    {
+        self.run_each(f).into_iter().collect()
+    }
+
+    /// Run `f` on every worker thread with its world group, like [`run`](Self::run), and return
+    /// every rank's own outcome in rank order: [`WorkerPanicked`] for a rank that panicked (or
+    /// whose thread could not be spawned), its result for every other rank.
+    ///
+    /// ```
+    /// use localsgd_comm::{ProcessGroup, ThreadWorld};
+    ///
+    /// let out = ThreadWorld::new(3)?.run_each(|group| {
+    ///     assert_ne!(group.rank(), 1, "rank 1 fails on purpose");
+    ///     group.rank()
+    /// });
+    /// assert_eq!(out[0], Ok(0));
+    /// assert_eq!(out[1].as_ref().map_err(|p| p.rank), Err(1));
+    /// assert_eq!(out[2], Ok(2));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn run_each<F, R>(&self, f: F) -> Vec<Result<R, WorkerPanicked>>
     where
         F: Fn(Group) -> R + Sync,
         R: Send,
@@ -147,24 +199,17 @@ impl ThreadWorld {
                         .spawn_scoped(scope, move || f(Arc::new(g)))
                 })
                 .collect();
-            let mut results = Vec::with_capacity(self.size);
-            let mut first_panic = None;
-            for (rank, h) in handles.into_iter().enumerate() {
-                let joined = match h {
-                    Ok(h) => h.join().map_err(|payload| panic_message(payload.as_ref())),
-                    Err(e) => Err(format!("could not spawn the worker thread: {e}")),
-                };
-                match joined {
-                    Ok(r) => results.push(r),
-                    Err(message) => {
-                        first_panic.get_or_insert(WorkerPanicked { rank, message });
-                    }
-                }
-            }
-            match first_panic {
-                Some(p) => Err(p),
-                None => Ok(results),
-            }
+            handles
+                .into_iter()
+                .enumerate()
+                .map(|(rank, h)| {
+                    let joined = match h {
+                        Ok(h) => h.join().map_err(|payload| panic_message(payload.as_ref())),
+                        Err(e) => Err(format!("could not spawn the worker thread: {e}")),
+                    };
+                    joined.map_err(|message| WorkerPanicked { rank, message })
+                })
+                .collect()
         })
     }
 }

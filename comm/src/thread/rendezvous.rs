@@ -4,7 +4,7 @@
 use crate::error::CommError;
 use crate::signature::CallSignature;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -36,11 +36,60 @@ struct BarrierState {
     count: usize,
     left: Vec<bool>,
     failure: Option<Failure>,
+    shrink: ShrinkState,
+}
+
+/// The (one) shrink of a group: who called it, and how it ended. Kept under the barrier's lock
+/// because whether it can complete depends on `left`.
+struct ShrinkState {
+    /// Ranks that called [`Rendezvous::shrink`]; stays set, so a second call is refused.
+    called: Vec<bool>,
+    outcome: Option<ShrinkOutcome>,
+}
+
+enum ShrinkOutcome {
+    /// Every live rank arrived: `members` (group ranks, ascending) form `shared`.
+    Formed {
+        members: Vec<usize>,
+        /// Dropped once every member has picked it up.
+        shared: Option<Arc<Rendezvous>>,
+        unclaimed: usize,
+    },
+    /// Some live ranks (group ranks) did not call within the timeout.
+    TimedOut {
+        waited: Duration,
+        missing: Vec<usize>,
+    },
+}
+
+/// One rank's share of a completed shrink.
+pub(crate) struct Shrunk {
+    /// This rank's rank in the new group.
+    pub rank: usize,
+    /// The survivors, as ranks of the old group, in order.
+    pub members: Vec<usize>,
+    /// The new group's shared state.
+    pub shared: Arc<Rendezvous>,
 }
 
 /// Subgroups being created, keyed by (split sequence number, color): the new group's shared
 /// state and how many members have yet to pick it up.
 pub(crate) type SplitRegistry = HashMap<(u64, u64), (Arc<Rendezvous>, usize)>;
+
+/// Spin on `done` for a while (yielding now and then); returns whether it became true.
+fn spin_until(done: impl Fn() -> bool) -> bool {
+    for i in 0..SPIN_LIMIT {
+        if done() {
+            return true;
+        }
+        if i % 64 == 63 {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+    false
+}
 
 /// Shared by all ranks of one thread group.
 pub(crate) struct Rendezvous {
@@ -51,6 +100,8 @@ pub(crate) struct Rendezvous {
     state: Mutex<BarrierState>,
     generation: AtomicU64,
     cv: Condvar,
+    /// Set once the shrink has an outcome (spun on before parking, like `generation`).
+    shrink_done: AtomicBool,
     /// Subgroups being created (see [`SplitRegistry`]).
     pub registry: Mutex<SplitRegistry>,
 }
@@ -73,9 +124,14 @@ impl Rendezvous {
                 count: 0,
                 left: vec![false; size],
                 failure: None,
+                shrink: ShrinkState {
+                    called: vec![false; size],
+                    outcome: None,
+                },
             }),
             generation: AtomicU64::new(0),
             cv: Condvar::new(),
+            shrink_done: AtomicBool::new(false),
             registry: Mutex::new(HashMap::new()),
         }
     }
@@ -191,17 +247,130 @@ impl Rendezvous {
     }
 
     fn spin(&self, my_gen: u64) -> bool {
-        for i in 0..SPIN_LIMIT {
-            if self.generation.load(Ordering::Acquire) != my_gen {
-                return true;
-            }
-            if i % 64 == 63 {
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
-            }
+        spin_until(|| self.generation.load(Ordering::Acquire) != my_gen)
+    }
+
+    /// Take part in the shrink of this group (see [`ProcessGroup::shrink`]): wait until every
+    /// rank that has not left has called it (a rank leaving meanwhile wakes the waiters, which
+    /// then complete without it), or until the group timeout. The first caller to see every
+    /// live rank arrived creates the new group's state; the others pick it up.
+    ///
+    /// One shrink per group: a second call by a rank, or a call after the shrink timed out, is
+    /// an error at once. The collective state (`failure`, the barrier) is neither read nor
+    /// changed.
+    ///
+    /// [`ProcessGroup::shrink`]: crate::ProcessGroup::shrink
+    pub fn shrink(&self, rank: usize) -> Result<Shrunk, CommError> {
+        let mut st = self.lock_state();
+        if let Some(ShrinkOutcome::TimedOut { waited, missing }) = &st.shrink.outcome {
+            return Err(self.shrink_timeout(*waited, missing));
         }
-        false
+        if st.shrink.called[rank] || st.shrink.outcome.is_some() {
+            return Err(self.shrunk_already());
+        }
+        st.shrink.called[rank] = true;
+        if self.try_form_locked(&mut st) {
+            return self.claim_locked(&mut st, rank);
+        }
+        drop(st);
+        spin_until(|| self.shrink_done.load(Ordering::Acquire));
+        let start = Instant::now();
+        let mut st = self.lock_state();
+        loop {
+            if st.shrink.outcome.is_some() || self.try_form_locked(&mut st) {
+                return self.claim_locked(&mut st, rank);
+            }
+            let waited = start.elapsed();
+            if waited >= self.timeout {
+                let missing: Vec<usize> = (0..self.size)
+                    .filter(|&r| !st.left[r] && !st.shrink.called[r])
+                    .collect();
+                let err = self.shrink_timeout(waited, &missing);
+                st.shrink.outcome = Some(ShrinkOutcome::TimedOut { waited, missing });
+                self.shrink_done.store(true, Ordering::Release);
+                self.cv.notify_all();
+                return Err(err);
+            }
+            st = self
+                .cv
+                .wait_timeout(st, self.timeout - waited)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Form the shrunk group if every rank that has not left has called shrink. Returns whether
+    /// it formed now.
+    fn try_form_locked(&self, st: &mut BarrierState) -> bool {
+        if st.shrink.outcome.is_some()
+            || (0..self.size).any(|r| !st.left[r] && !st.shrink.called[r])
+        {
+            return false;
+        }
+        // A rank that called cannot have left since: its handle is borrowed by the call.
+        let members: Vec<usize> = (0..self.size)
+            .filter(|&r| !st.left[r] && st.shrink.called[r])
+            .collect();
+        let world = members.iter().map(|&r| self.world_ranks[r]).collect();
+        st.shrink.outcome = Some(ShrinkOutcome::Formed {
+            unclaimed: members.len(),
+            shared: Some(Arc::new(Rendezvous::new(world, self.timeout))),
+            members,
+        });
+        self.shrink_done.store(true, Ordering::Release);
+        self.cv.notify_all();
+        true
+    }
+
+    /// This rank's share of the shrink's outcome.
+    fn claim_locked(&self, st: &mut BarrierState, rank: usize) -> Result<Shrunk, CommError> {
+        match &mut st.shrink.outcome {
+            Some(ShrinkOutcome::Formed {
+                members,
+                shared,
+                unclaimed,
+            }) => {
+                let new_rank = members.iter().position(|&r| r == rank);
+                let (Some(new_rank), Some(new_shared)) = (new_rank, shared.clone()) else {
+                    // Unreachable: members are exactly the callers, and each claims once.
+                    return Err(self.shrunk_already());
+                };
+                *unclaimed -= 1;
+                if *unclaimed == 0 {
+                    *shared = None;
+                }
+                Ok(Shrunk {
+                    rank: new_rank,
+                    members: members.clone(),
+                    shared: new_shared,
+                })
+            }
+            Some(ShrinkOutcome::TimedOut { waited, missing }) => {
+                Err(self.shrink_timeout(*waited, missing))
+            }
+            None => Err(self.shrunk_already()),
+        }
+    }
+
+    fn shrink_timeout(&self, waited: Duration, missing: &[usize]) -> CommError {
+        CommError::Timeout {
+            call: "shrink".to_string(),
+            waited,
+            missing: missing.iter().map(|&r| self.world_ranks[r]).collect(),
+            group: self.world_ranks.clone(),
+        }
+    }
+
+    fn shrunk_already(&self) -> CommError {
+        CommError::Unsupported {
+            operation: "a second shrink of one group",
+            backend: "threads",
+            hint: format!(
+                "this rank already called shrink on group {:?} (one shrink per group); after a \
+                 further failure, shrink the group the first shrink returned",
+                self.world_ranks
+            ),
+        }
     }
 
     /// Returns true when this arrival completed the barrier.
@@ -232,7 +401,7 @@ impl Rendezvous {
         if st.failure.is_none() {
             st.failure = Some(Failure::Left { rank, reason });
         }
-        // A leaver may complete an exit barrier the others were waiting on.
+        // A leaver may complete an exit barrier, or a shrink, the others were waiting on.
         self.cv.notify_all();
     }
 }

@@ -10,5 +10,6 @@ mod nccl;
 mod nccl_stand_in;
 mod nonblocking;
 mod params_roundtrip;
+mod shrink;
 mod signature_fuzz;
 mod subgroups;

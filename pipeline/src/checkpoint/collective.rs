@@ -2,6 +2,7 @@
 //! [module documentation](super) for an example).
 
 use super::{CheckpointDir, CheckpointError, RankCheckpoint, RunIdentity};
+use crate::algorithm::AlgorithmSpec;
 use crate::pipeline::{
     CheckpointContext, Checkpointer, DataPosition, Phase, Pipeline, PipelineError, RestoredState,
     refresh_buffers,
@@ -56,6 +57,9 @@ pub struct Resumed<M> {
     /// Iterations the checkpoint holds (the pipeline's [`iteration`](Pipeline::iteration) from
     /// now on).
     pub iterations_done: u64,
+    /// The identity of the run that saved the checkpoint: its world size (which differs from
+    /// this run's after [`Checkpoints::resume_from`]) and members.
+    pub saved: RunIdentity,
 }
 
 impl Checkpoints {
@@ -211,6 +215,42 @@ impl Checkpoints {
         pipeline: &mut Pipeline<M>,
     ) -> Result<Resumed<M>, CheckpointError> {
         let ckpt = self.dir.load_rank(rank, &self.identity)?;
+        let saved = ckpt.meta.identity.clone();
+        self.restore(ckpt, saved, model, optimizer, pipeline)
+    }
+
+    /// Continue from the latest checkpoint on another number of ranks: this rank takes saved
+    /// rank `saved_rank`'s state (parameters, optimizer, averager and hook counters, a pending
+    /// overlapped average, the outer averager's `θ`, momentum and residuals), as
+    /// [`resume`](Self::resume) does with its own. The algorithm settings must match; the
+    /// world size may differ, and several ranks may take the same saved rank (a replica of a
+    /// peer). The batch source is the caller's to re-deal over the new ranks from
+    /// [`Resumed::data`] and [`Resumed::saved`]'s world size. Call it on a pipeline built on the
+    /// new group (the algorithm's subgroups are the new world's). `spec` is this run's algorithm
+    /// (its settings on the saving world must be the checkpoint's: [`AlgorithmSpec::for_world`]).
+    ///
+    /// What a resumed world computes is defined in the book's Fault tolerance chapter: every
+    /// average from here on is over the new ranks; counters continue.
+    pub fn resume_from<M: Module>(
+        &self,
+        saved_rank: usize,
+        spec: &AlgorithmSpec,
+        model: M,
+        optimizer: ModuleOptimizer,
+        pipeline: &mut Pipeline<M>,
+    ) -> Result<Resumed<M>, CheckpointError> {
+        let (ckpt, saved) = self.dir.load_rank_resized(saved_rank, spec)?;
+        self.restore(ckpt, saved, model, optimizer, pipeline)
+    }
+
+    fn restore<M: Module>(
+        &self,
+        ckpt: RankCheckpoint,
+        saved: RunIdentity,
+        model: M,
+        optimizer: ModuleOptimizer,
+        pipeline: &mut Pipeline<M>,
+    ) -> Result<Resumed<M>, CheckpointError> {
         let (model, optimizer) = ckpt.restore(model, optimizer)?;
         let done = ckpt.meta.iterations_done;
         pipeline
@@ -229,6 +269,7 @@ impl Checkpoints {
             model,
             data: ckpt.meta.data.unwrap_or_default(),
             iterations_done: done,
+            saved,
         })
     }
 }

@@ -8,6 +8,12 @@ pub struct DataPosition {
     pub epoch: u64,
     /// Index of the next batch within the epoch.
     pub next_batch: u64,
+    /// Rows of the epoch's order dealt out before the current sharding began: 0, unless the
+    /// world size changed inside this epoch (a resume on another number of ranks, or ranks
+    /// that left), after which the source deals the rest of the epoch's order, from this row
+    /// on, over the new ranks. Absent in checkpoints written before it existed (read as 0).
+    #[serde(default)]
+    pub start: u64,
 }
 
 /// Why a [`BatchSource`] could not deliver a batch (a data file that cannot be read, a batch

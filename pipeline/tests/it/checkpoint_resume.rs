@@ -87,14 +87,16 @@ impl Synthetic {
     fn next_epoch(&mut self) {
         self.position = DataPosition {
             epoch: self.position.epoch + 1,
-            next_batch: 0,
+            ..DataPosition::default()
         };
     }
 }
 
 impl BatchSource<Batch> for Synthetic {
     fn next_batch(&mut self) -> Result<Option<Batch>, SourceError> {
-        let DataPosition { epoch, next_batch } = self.position;
+        let DataPosition {
+            epoch, next_batch, ..
+        } = self.position;
         if next_batch >= PER_EPOCH {
             return Ok(None);
         }
@@ -349,7 +351,8 @@ fn overlapped_post_local_sgd_killed_and_resumed_through_the_library_equals_an_un
             ckpt.meta.data,
             Some(DataPosition {
                 epoch: 1,
-                next_batch: 3
+                next_batch: 3,
+                start: 0
             })
         );
     }

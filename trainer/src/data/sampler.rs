@@ -6,6 +6,7 @@ use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 
 use super::DataError;
+use localsgd_pipeline::pipeline::DataPosition;
 
 /// Which dataset rows one rank visits in an epoch, and in which batches.
 ///
@@ -20,6 +21,10 @@ use super::DataError;
 /// `torch.randperm` seeded with `seed + epoch`, which cannot be reproduced outside torch; here the
 /// permutation is a Fisher–Yates shuffle driven by ChaCha8 keyed by `seed` on stream `epoch`.
 /// It is identical on all ranks for the same `(seed, epoch)`, and differs between epochs.
+///
+/// After the number of ranks changed inside an epoch, the rest of that epoch is dealt from a
+/// start row on ([`redeal`](Self::redeal)): the epoch order's rows `start..n` take the place of
+/// `0..n` above (padded by wrapping around from row `start`, then strided over the ranks).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShardSampler {
     n: usize,
@@ -95,16 +100,25 @@ impl ShardSampler {
 
     /// This rank's row indices for `epoch`, in visiting order (`num_samples()` of them).
     pub fn epoch_indices(&self, epoch: u64) -> Vec<usize> {
-        if self.n == 0 {
+        self.epoch_indices_from(epoch, 0)
+    }
+
+    /// This rank's share of the rows of `epoch`'s order from row `start` on (an epoch dealt
+    /// again after the number of ranks changed): `ceil((n - start) / world)` indices, none
+    /// when `start >= n`.
+    pub fn epoch_indices_from(&self, epoch: u64, start: usize) -> Vec<usize> {
+        if start >= self.n {
             return Vec::new();
         }
         let order = self.epoch_order(epoch);
-        let total_size = self.num_samples() * self.world;
+        let rest = &order[start..];
+        let m = rest.len();
+        let total_size = m.div_ceil(self.world) * self.world;
         // Padding by wrapping around from the start (PyTorch's `indices += indices[:pad]`,
-        // repeated when pad > n) puts order[i % n] at every position i.
+        // repeated when pad > n) puts rest[i % m] at every position i.
         (self.rank..total_size)
             .step_by(self.world)
-            .map(|i| order[i % self.n])
+            .map(|i| rest[i % m])
             .collect()
     }
 
@@ -113,14 +127,62 @@ impl ShardSampler {
     ///
     /// Errors with [`DataError::ZeroBatchSize`] if `batch_size` is 0.
     pub fn batches(&self, epoch: u64, batch_size: usize) -> Result<Vec<Vec<usize>>, DataError> {
+        self.batches_from(epoch, 0, batch_size)
+    }
+
+    /// [`batches`](Self::batches) of [`epoch_indices_from`](Self::epoch_indices_from).
+    pub fn batches_from(
+        &self,
+        epoch: u64,
+        start: usize,
+        batch_size: usize,
+    ) -> Result<Vec<Vec<usize>>, DataError> {
         if batch_size == 0 {
             return Err(DataError::ZeroBatchSize);
         }
         Ok(self
-            .epoch_indices(epoch)
+            .epoch_indices_from(epoch, start)
             .chunks(batch_size)
             .map(<[usize]>::to_vec)
             .collect())
+    }
+
+    /// Where this sampler's world continues an epoch that `saved_world` ranks, every one at
+    /// `position` with batches of `batch_size`, left: the same position when the world size is
+    /// the same, else the epoch's rows not yet dealt become the new start (`position.start`
+    /// plus the rows the saved ranks' `next_batch` batches covered, at most the epoch's end)
+    /// and the new ranks begin at their first batch. No row of the epoch is skipped and none
+    /// is visited twice, except PyTorch's wrap-around padding of the last rows.
+    ///
+    /// Errors with [`DataError::ZeroBatchSize`] if `batch_size` is 0.
+    pub fn redeal(
+        &self,
+        position: DataPosition,
+        saved_world: usize,
+        batch_size: usize,
+    ) -> Result<DataPosition, DataError> {
+        if batch_size == 0 {
+            return Err(DataError::ZeroBatchSize);
+        }
+        if saved_world == self.world {
+            return Ok(position);
+        }
+        let start = usize::try_from(position.start)
+            .unwrap_or(usize::MAX)
+            .min(self.n);
+        let rest = self.n - start;
+        // Rank r's j-th index is row `start + r + j * saved_world` (before the wrap-around), so
+        // `next_batch` batches on every rank cover the first `per_rank * saved_world` rows.
+        let per_rank = usize::try_from(position.next_batch)
+            .unwrap_or(usize::MAX)
+            .saturating_mul(batch_size)
+            .min(rest.div_ceil(saved_world.max(1)));
+        let dealt = per_rank.saturating_mul(saved_world).min(rest);
+        Ok(DataPosition {
+            epoch: position.epoch,
+            next_batch: 0,
+            start: (start + dealt) as u64,
+        })
     }
 
     /// The whole epoch's order before padding and striding: `0..n`, or its permutation.

@@ -28,6 +28,7 @@ const END: &str = "<!-- generated: settings end -->";
 const CHAPTERS: &[(&str, &str)] = &[
     ("Averagers", "averagers.md"),
     ("Concepts", "concepts.md"),
+    ("Fault tolerance", "fault-tolerance.md"),
     ("GPUs", "gpu.md"),
     ("Hooks", "hooks.md"),
     ("MPI", "mpi.md"),

@@ -51,10 +51,7 @@ fn identity(extra: &[&str]) -> RunIdentity {
             other => panic!("identity: unhandled flag {other}"),
         }
     }
-    RunIdentity {
-        world_size: cfg.workers,
-        algorithm: cfg.algorithm_spec().unwrap().identity(),
-    }
+    RunIdentity::from_spec(&cfg.algorithm_spec().unwrap(), cfg.workers)
 }
 
 /// Start `localsgd train` (ARGS, `--log-every 0`, a checkpoint every `every` iterations,

@@ -127,3 +127,43 @@ fn invalid_configuration_is_rejected() {
     assert!(matches!(s.batches(0, 0), Err(DataError::ZeroBatchSize)));
     assert!(matches!(s.num_batches(0), Err(DataError::ZeroBatchSize)));
 }
+
+/// A world that takes over mid-epoch ([`ShardSampler::redeal`]): worked by hand. Ten rows, 4
+/// ranks, batches of 2: rank r visits rows r, r + 4, r + 8 (mod 10): [[0, 4], [8]],
+/// [[1, 5], [9]], [[2, 6], [0]], [[3, 7], [1]]. After one batch each, rows 0..8 are dealt.
+#[test]
+fn redeal_continues_an_epoch_on_another_number_of_ranks() {
+    use localsgd_trainer::pipeline::DataPosition;
+    let at = |epoch, next_batch, start| DataPosition {
+        epoch,
+        next_batch,
+        start,
+    };
+    let three = |r| ShardSampler::new(10, 3, r).unwrap();
+    // 4 -> 3 after one batch: rows 8 and 9 are left, dealt 8, 9 and (padding) 8.
+    let p = three(0).redeal(at(5, 1, 0), 4, 2).unwrap();
+    assert_eq!(p, at(5, 0, 8));
+    let rest: Vec<Vec<usize>> = (0..3)
+        .map(|r| three(r).epoch_indices_from(0, p.start as usize))
+        .collect();
+    assert_eq!(rest, vec![vec![8], vec![9], vec![8]]);
+    // After both batches the epoch is dealt out: the new world starts with an empty epoch.
+    assert_eq!(three(1).redeal(at(5, 2, 0), 4, 2).unwrap(), at(5, 0, 10));
+    assert!(three(1).epoch_indices_from(0, 10).is_empty());
+    // Shrinking again from a dealt epoch: 3 ranks at row 8 that took one row each deal both.
+    let two = ShardSampler::new(10, 2, 0).unwrap();
+    assert_eq!(two.redeal(at(5, 1, 8), 3, 2).unwrap(), at(5, 0, 10));
+    // 2 -> 4 after one batch of 2: rank r of 2 visited r, r + 2, so rows 0..4 are dealt; the
+    // 6 left go to 4 ranks as 4 5 6 7 / 8 9 4 5 (padding from row 4).
+    let four = |r| ShardSampler::new(10, 4, r).unwrap();
+    let p = four(0).redeal(at(0, 1, 0), 2, 2).unwrap();
+    assert_eq!(p, at(0, 0, 4));
+    let rest: Vec<Vec<usize>> = (0..4).map(|r| four(r).epoch_indices_from(0, 4)).collect();
+    assert_eq!(rest, vec![vec![4, 8], vec![5, 9], vec![6, 4], vec![7, 5]]);
+    // The same world size keeps the position.
+    assert_eq!(three(2).redeal(at(1, 2, 3), 3, 2).unwrap(), at(1, 2, 3));
+    assert!(matches!(
+        three(0).redeal(at(0, 1, 0), 4, 0),
+        Err(DataError::ZeroBatchSize)
+    ));
+}

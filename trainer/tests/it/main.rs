@@ -30,4 +30,5 @@ mod pipeline_start;
 mod plot;
 mod pytorch_reference;
 mod race;
+mod rank_failure;
 mod resume;

@@ -162,7 +162,7 @@ fn mpi_resume_is_bit_identical_to_an_uninterrupted_run() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.lines().any(|l| l.starts_with("error on rank ")
-            && l.contains("was written by 2 workers, this run has 4 (use `workers = 2`)")),
+            && l.contains("was written by 2 workers, this run has 4 (use `workers = 2`,")),
         "{stderr}"
     );
     assert!(!stderr.contains("No such file"), "{stderr}");

@@ -71,10 +71,7 @@ pub fn final_params(dir: &Path, workers: usize) -> Vec<Vec<f32>> {
         period: Some(4),
         ..TrainConfig::default()
     };
-    let identity = RunIdentity {
-        world_size: workers,
-        algorithm: cfg.algorithm_spec().unwrap().identity(),
-    };
+    let identity = RunIdentity::from_spec(&cfg.algorithm_spec().unwrap(), workers);
     (0..workers)
         .map(|r| {
             match CheckpointDir::new(dir)

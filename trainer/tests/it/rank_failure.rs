@@ -1,0 +1,277 @@
+//! `on-rank-failure = "continue"` on the thread backend: a rank that fails leaves, the survivors
+//! go back to the last checkpoint and train on. The reference is computed another way: the same
+//! run stopped at that checkpoint (`steps`), then resumed on the survivors alone with
+//! `resume-ranks` (a new process, a new world of 3 threads). The survivors' final parameters
+//! must equal the reference's bit for bit, for every algorithm.
+
+use localsgd_trainer::checkpoint::{CheckpointDir, RunIdentity};
+use localsgd_trainer::config::{AlgorithmKind, TrainConfig};
+use std::path::Path;
+use std::process::Command;
+
+/// The settings every run here shares: 4 workers on synthetic data, a checkpoint every
+/// `every` iterations, 14 iterations (200 rows: 160 for training, 40 per rank and epoch at 4
+/// workers, 54 at 3: 3 and 4 batches of 16, so the failures fall mid-epoch and the survivors'
+/// epochs are dealt again).
+fn args(algorithm: &str, run: &Path, workers: usize, every: u64, steps: u64) -> Vec<String> {
+    let mut a: Vec<String> = [
+        "train",
+        "--algorithm",
+        algorithm,
+        "--warmup",
+        "2",
+        "--dataset",
+        "synthetic",
+        "--synthetic-samples",
+        "200",
+        "--synthetic-dim",
+        "6",
+        "--synthetic-classes",
+        "3",
+        "--hidden",
+        "8",
+        "--batch-size",
+        "16",
+        "--lr",
+        "0.05",
+        "--momentum",
+        "0.9",
+        "--shuffle",
+        "true",
+        "--log-every",
+        "3",
+        "--progress",
+        "false",
+        "--timeout-secs",
+        "20",
+    ]
+    .map(String::from)
+    .to_vec();
+    a.extend([
+        "--workers".into(),
+        workers.to_string(),
+        "--checkpoint-every".into(),
+        every.to_string(),
+        "--steps".into(),
+        steps.to_string(),
+        "--run-dir".into(),
+        run.display().to_string(),
+    ]);
+    match algorithm {
+        "hierarchical" => a.extend(["--levels".into(), format!("2:1,4:{workers}")]),
+        "ddp" => {}
+        // Two fragments, each synced every 4 steps.
+        "streaming-diloco" => a.extend(["--period".into(), "4".into()]),
+        _ => a.extend(["--period".into(), "3".into()]),
+    }
+    a
+}
+
+fn localsgd(args: &[String], fault: Option<&str>) -> String {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_localsgd"));
+    cmd.args(args).env_remove("LOCALSGD_FAULT");
+    if let Some(f) = fault {
+        cmd.env("LOCALSGD_FAULT", f);
+    }
+    let out = cmd.output().expect("running localsgd");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "localsgd {args:?} ({fault:?}): {text}"
+    );
+    text
+}
+
+/// Every rank's parameters in the run's latest checkpoint (its final state), as bits.
+fn final_params(run: &Path, algorithm: &str) -> (RunIdentity, Vec<Vec<u32>>) {
+    let dir = CheckpointDir::new(run);
+    let (_, saved) = dir.latest_identity().unwrap();
+    let params = (0..saved.world_size)
+        .map(|rank| {
+            let ckpt = dir.load_rank(rank, &saved).unwrap();
+            match ckpt.params {
+                localsgd_comm::params::FlatBuffer::F32(v) => {
+                    v.iter().map(|x| x.to_bits()).collect()
+                }
+                other => panic!("{algorithm}: unexpected {other:?}"),
+            }
+        })
+        .collect();
+    (saved, params)
+}
+
+/// Rank `failed` panics before iteration `at`; checkpoints every `every` iterations, so the
+/// survivors continue from iteration `at - at % every`.
+fn check(algorithm: &str, every: u64, failed: usize, at: u64) {
+    let steps = 14;
+    let resumed_at = at - at % every;
+    let survivors: Vec<usize> = (0..4).filter(|&r| r != failed).collect();
+
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("continue");
+    let mut a = args(algorithm, &run, 4, every, steps);
+    a.extend(["--on-rank-failure".into(), "continue".into()]);
+    let out = localsgd(&a, Some(&format!("panic@{failed}:{at}")));
+    assert!(
+        out.contains(&format!(
+            "rank(s) [{failed}] left at iteration {at}: 3 workers continued from iteration {resumed_at}"
+        )),
+        "{algorithm}: {out}"
+    );
+
+    let reference = dir.path().join("reference");
+    localsgd(&args(algorithm, &reference, 4, every, resumed_at), None);
+    let mut b = args(algorithm, &reference, 3, every, steps);
+    let ranks: Vec<String> = survivors.iter().map(usize::to_string).collect();
+    b.extend([
+        "--resume".into(),
+        "true".into(),
+        "--resume-ranks".into(),
+        ranks.join(","),
+    ]);
+    localsgd(&b, None);
+
+    let (got_identity, got) = final_params(&run, algorithm);
+    let (want_identity, want) = final_params(&reference, algorithm);
+    assert_eq!(got_identity.world_size, 3, "{algorithm}");
+    assert_eq!(got_identity.member_ranks(), survivors, "{algorithm}");
+    assert_eq!(want_identity.world_size, 3, "{algorithm}");
+    for rank in 0..3 {
+        assert_eq!(
+            got[rank], want[rank],
+            "{algorithm}: survivor {rank} (job rank {}) differs from the resumed reference",
+            survivors[rank]
+        );
+    }
+
+    let membership = std::fs::read_to_string(run.join("membership.csv")).unwrap();
+    let rows: Vec<&str> = membership.lines().collect();
+    assert_eq!(rows.len(), 2, "{algorithm}: {membership}");
+    let remaining: Vec<String> = survivors.iter().map(usize::to_string).collect();
+    assert!(
+        rows[1].starts_with(&format!(
+            "{resumed_at},{at},{failed},3,{},",
+            remaining.join(" ")
+        )),
+        "{algorithm}: {membership}"
+    );
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["world_size"], 3, "{algorithm}");
+    assert_eq!(
+        summary["membership"][0]["left"],
+        serde_json::json!([failed])
+    );
+    assert_eq!(summary["iterations"], steps, "{algorithm}");
+}
+
+#[test]
+fn ddp_continues_on_the_survivors_as_a_resume_on_them_would() {
+    check("ddp", 1, 2, 5);
+}
+
+#[test]
+fn local_sgd_continues_on_the_survivors_as_a_resume_on_them_would() {
+    check("local-sgd", 1, 0, 7);
+}
+
+#[test]
+fn post_local_sgd_goes_back_to_the_last_checkpoint() {
+    // Checkpoints every 4: the failure before iteration 7 resumes from 4.
+    check("post-local-sgd", 4, 3, 7);
+}
+
+#[test]
+fn hierarchical_rebuilds_its_levels_on_the_survivors() {
+    check("hierarchical", 1, 1, 6);
+}
+
+#[test]
+fn diloco_keeps_its_outer_state_on_the_survivors() {
+    check("diloco", 1, 2, 8);
+}
+
+#[test]
+fn slowmo_and_streaming_diloco_continue_on_the_survivors() {
+    check("slowmo", 1, 3, 5);
+    check("streaming-diloco", 2, 1, 9);
+}
+
+#[test]
+fn two_failures_in_a_row_leave_two_workers() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let mut a = args("diloco", &run, 4, 1, 14);
+    a.extend(["--on-rank-failure".into(), "continue".into()]);
+    let out = localsgd(&a, Some("panic@1:4,panic@3:9"));
+    assert!(
+        out.contains("rank(s) [1] left at iteration 4: 3 workers"),
+        "{out}"
+    );
+    assert!(
+        out.contains("rank(s) [3] left at iteration 9: 2 workers"),
+        "{out}"
+    );
+    let (identity, params) = final_params(&run, "diloco");
+    assert_eq!(identity.members, vec![0, 2]);
+    assert_eq!(params.len(), 2);
+    let membership = std::fs::read_to_string(run.join("membership.csv")).unwrap();
+    assert_eq!(membership.lines().count(), 3, "{membership}");
+}
+
+#[test]
+fn continue_is_refused_without_checkpoints_or_on_mpi() {
+    let bad = |extra: &[&str]| {
+        let mut cfg = TrainConfig {
+            algorithm: AlgorithmKind::LocalSgd,
+            ..TrainConfig::default()
+        };
+        cfg.on_rank_failure = localsgd_trainer::config::RankFailure::Continue;
+        cfg.checkpoint_every = 1;
+        for e in extra {
+            match *e {
+                "no-checkpoints" => cfg.checkpoint_every = 0,
+                "mpi" => cfg.backend = localsgd_trainer::config::Backend::Mpi,
+                _ => unreachable!(),
+            }
+        }
+        cfg.validate().unwrap_err().to_string()
+    };
+    let e = bad(&["no-checkpoints"]);
+    assert!(
+        e.contains("on-rank-failure") && e.contains("checkpoint-every"),
+        "{e}"
+    );
+    let e = bad(&["mpi"]);
+    assert!(
+        e.contains("on-rank-failure") && e.contains("thread backend"),
+        "{e}"
+    );
+}
+
+/// A lower hierarchical level that no longer divides the survivors' world ends the run with an
+/// error naming it (not the failure it survived, and not a hang).
+#[test]
+fn a_level_that_no_longer_fits_the_survivors_is_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = args("hierarchical", &dir.path().join("run"), 4, 1, 14);
+    let levels = a.iter().position(|x| x == "--levels").unwrap() + 1;
+    a[levels] = "2:2,4:4".into();
+    a.extend(["--on-rank-failure".into(), "continue".into()]);
+    let out = Command::new(env!("CARGO_BIN_EXE_localsgd"))
+        .args(&a)
+        .env("LOCALSGD_FAULT", "panic@1:6")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("error: invalid setting `levels` = \"2:2,4:3\"")
+            && stderr.contains("(3 workers)"),
+        "{stderr}"
+    );
+}
