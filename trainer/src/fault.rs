@@ -12,6 +12,7 @@
 //! | `abort` | ends its process at once (`abort`: no cleanup, like `kill -9`) | threads: the process dies with the signal; MPI: `mpirun` names the rank |
 //! | `mismatch` | issues a barrier where its peers all-reduce | a collective mismatch naming each rank's call |
 //! | `short` | its data runs out here (an uneven shard) | nothing: every rank ends the epoch together |
+//! | `checkpoint` | panics after iteration `ITERATION` (0-based) wrote its checkpoint, before the checkpoint is published | as `panic`; `latest` still names the previous checkpoint |
 //!
 //! ```
 //! use localsgd_trainer::fault::{Fault, FaultKind};
@@ -41,6 +42,9 @@ pub enum FaultKind {
     Mismatch,
     /// Run out of data (an uneven shard); not an error.
     Short,
+    /// Panic after the iteration's checkpoint was written and sealed, before it is published
+    /// (a failure in the middle of a checkpoint: the previous one stays `latest`).
+    Checkpoint,
 }
 
 /// One injected fault: `kind` on `rank` before iteration `iteration`.
@@ -61,7 +65,7 @@ impl FromStr for Fault {
         let bad = || {
             format!(
                 "{ENV} = {s:?}: expected KIND@RANK:ITERATION with KIND one of panic, stall, \
-                 abort, mismatch, short (e.g. \"panic@1:10\")"
+                 abort, mismatch, short, checkpoint (e.g. \"panic@1:10\")"
             )
         };
         let (kind, at) = s.split_once('@').ok_or_else(bad)?;
@@ -72,6 +76,7 @@ impl FromStr for Fault {
             "abort" => FaultKind::Abort,
             "mismatch" => FaultKind::Mismatch,
             "short" => FaultKind::Short,
+            "checkpoint" => FaultKind::Checkpoint,
             _ => return Err(bad()),
         };
         Ok(Self {
@@ -97,7 +102,8 @@ impl Fault {
         s.split(',').map(|f| f.trim().parse()).collect()
     }
 
-    /// Whether it is due on `rank` (of the job's first world) before `iteration`.
+    /// Whether it is due on `rank` (of the job's first world) before `iteration` (a
+    /// `checkpoint` fault: after that iteration's checkpoint was written).
     pub fn due(&self, rank: usize, iteration: u64) -> bool {
         self.rank == rank && self.iteration == iteration
     }

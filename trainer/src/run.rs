@@ -796,7 +796,7 @@ fn train_from(
         let due = state
             .faults
             .iter()
-            .position(|f| f.due(job_rank, pipeline.iteration()));
+            .position(|f| f.kind != FaultKind::Checkpoint && f.due(job_rank, pipeline.iteration()));
         if let Some(i) = due {
             let f = state.faults.remove(i);
             inject(f, cfg, &group, &mut loader)?;
@@ -839,6 +839,13 @@ fn train_from(
                     && cfg.checkpoint_every > 0
                     && done.is_multiple_of(cfg.checkpoint_every)
                 {
+                    let due = state.faults.iter().position(|f| {
+                        f.kind == FaultKind::Checkpoint && f.due(job_rank, report.iteration)
+                    });
+                    if let Some(i) = due {
+                        let f = state.faults.remove(i);
+                        inject(f, cfg, &group, &mut loader)?;
+                    }
                     sync_run_files(&mut metrics, &mut evals)?;
                     if let Some(g) = &publish_sync {
                         g.barrier()?;
@@ -1109,6 +1116,11 @@ fn inject(
     match f.kind {
         FaultKind::Panic => panic!(
             "injected fault: rank {rank} panics before iteration {iteration} ({})",
+            crate::fault::ENV
+        ),
+        FaultKind::Checkpoint => panic!(
+            "injected fault: rank {rank} panics after iteration {iteration}'s checkpoint was \
+             written, before it is published ({})",
             crate::fault::ENV
         ),
         FaultKind::Stall => {

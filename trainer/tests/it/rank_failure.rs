@@ -107,15 +107,27 @@ fn final_params(run: &Path, algorithm: &str) -> (RunIdentity, Vec<Vec<u32>>) {
 /// Rank `failed` panics before iteration `at`; checkpoints every `every` iterations, so the
 /// survivors continue from iteration `at - at % every`.
 fn check(algorithm: &str, every: u64, failed: usize, at: u64) {
+    check_fault(
+        algorithm,
+        every,
+        failed,
+        &format!("panic@{failed}:{at}"),
+        at,
+        at - at % every,
+    );
+}
+
+/// `fault` makes rank `failed` fail; the survivors see it after `at` iterations and continue
+/// from the checkpoint of `resumed_at`.
+fn check_fault(algorithm: &str, every: u64, failed: usize, fault: &str, at: u64, resumed_at: u64) {
     let steps = 14;
-    let resumed_at = at - at % every;
     let survivors: Vec<usize> = (0..4).filter(|&r| r != failed).collect();
 
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("continue");
     let mut a = args(algorithm, &run, 4, every, steps);
     a.extend(["--on-rank-failure".into(), "continue".into()]);
-    let out = localsgd(&a, Some(&format!("panic@{failed}:{at}")));
+    let out = localsgd(&a, Some(fault));
     assert!(
         out.contains(&format!(
             "rank(s) [{failed}] left at iteration {at}: 3 workers continued from iteration {resumed_at}"
@@ -199,6 +211,15 @@ fn diloco_keeps_its_outer_state_on_the_survivors() {
 fn slowmo_and_streaming_diloco_continue_on_the_survivors() {
     check("slowmo", 1, 3, 5);
     check("streaming-diloco", 2, 1, 9);
+}
+
+/// A rank that fails after writing its file of a checkpoint, before the checkpoint is
+/// published: the previous checkpoint is the one the survivors take up, intact.
+#[test]
+fn a_failure_inside_a_checkpoint_leaves_the_previous_one() {
+    // Iteration 7 (0-based) completes 8 iterations and writes the checkpoint of 8; rank 2
+    // panics before it is published, so the survivors go back to 4.
+    check_fault("local-sgd", 4, 2, "checkpoint@2:7", 8, 4);
 }
 
 #[test]
