@@ -22,6 +22,15 @@ pub enum CommError {
         /// World ranks of the group.
         group: Vec<usize>,
     },
+    /// A peer revoked the group after a rank failed (MPI with ULFM: `MPIX_ERR_REVOKED`), so no
+    /// collective on it completes any more; the survivors [`shrink`](crate::ProcessGroup::shrink).
+    #[error("group {group:?} was revoked after a rank failed; collective {call} cannot complete")]
+    Revoked {
+        /// The collective this rank was attempting.
+        call: String,
+        /// World ranks of the group.
+        group: Vec<usize>,
+    },
     /// The collective did not complete within the group's timeout.
     #[error(
         "collective {call} on group {group:?} timed out after {waited:?}: rank(s) {missing:?} did not arrive"

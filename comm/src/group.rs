@@ -76,7 +76,8 @@ pub trait ProcessGroup: Send + Sync + Debug {
     /// `MPIX_Comm_shrink`).
     ///
     /// - Collective over the survivors only: every rank that has not failed calls it on the
-    ///   same group, typically after a collective failed with [`CommError::PeerFailed`]. It
+    ///   same group, typically after a collective failed with [`CommError::PeerFailed`] (or,
+    ///   under MPI, [`CommError::Revoked`]). It
     ///   does not need the failure cleared: the old group stays failed, and the new one is
     ///   healthy. On a group where nobody failed it returns an equivalent group of all members.
     /// - Survivors keep their relative order (new rank = position among the survivors);
@@ -92,14 +93,15 @@ pub trait ProcessGroup: Send + Sync + Debug {
     ///   error, never a hang: shrink the group the first shrink returned instead (repeatedly,
     ///   after each further failure).
     ///
-    /// Backends: the thread backend implements it; the default (MPI, NCCL for now) returns
-    /// [`CommError::Unsupported`].
+    /// Backends: the thread backend; MPI with ULFM (Open MPI 5 under `mpirun --with-ft ulfm`,
+    /// which revokes every communicator of the process first, and whose timeout is the
+    /// watchdog's); the default (NCCL) returns [`CommError::Unsupported`].
     fn shrink(&self) -> Result<Group, CommError> {
         Err(CommError::Unsupported {
             operation: "shrink",
             backend: self.backend(),
-            hint: "continuing after a rank failure needs the thread backend (ThreadWorld) for \
-                   now; with this backend, restart the run without the failed rank"
+            hint: "continuing after a rank failure needs the thread backend (ThreadWorld) or MPI \
+                   with ULFM; with this backend, restart the run without the failed rank"
                 .into(),
         })
     }

@@ -5,8 +5,8 @@
 //! payloads), and subgroups (contiguous blocks, arbitrary colors, the
 //! intra-node group). The embedded backend runs W workers as threads of one process
 //! ([`ThreadWorld`]); MPI and NCCL backends implement the same [`ProcessGroup`] trait. On the
-//! thread backend, the survivors of a failed rank can [`shrink`](ProcessGroup::shrink) the group
-//! and go on without it (see the [`thread`] module).
+//! thread backend, and under MPI with ULFM (Open MPI 5), the survivors of a failed rank can
+//! [`shrink`](ProcessGroup::shrink) the group and go on without it (see the [`thread`] module).
 //!
 //! The [`params`] module is the one place that turns a burn module's parameters (or gradients)
 //! into a flat buffer in traversal order and back; the hooks and averagers crates build on it.

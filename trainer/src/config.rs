@@ -858,7 +858,8 @@ settings! {
         /// With `continue` the survivors go back to the last published checkpoint and continue
         /// from it on their own, as a resume with `resume-ranks` naming them would (book: Fault
         /// tolerance). Needs `checkpoint-every` (the checkpoints are the recovery points; 1
-        /// loses no iteration) and, for now, the thread backend.
+        /// loses no iteration) and the thread backend, or MPI with ULFM (Open MPI 5, started
+        /// with `mpirun --with-ft ulfm`).
         #[setting(type = "`abort` | `continue`")]
         #[arg(value_enum)]
         on_rank_failure: RankFailure = RankFailure::Abort,
@@ -1233,17 +1234,13 @@ impl TrainConfig {
             }
         }
         if self.on_rank_failure == RankFailure::Continue {
-            if self.backend != Backend::Threads {
+            if self.backend == Backend::Nccl {
                 return Err(bad(
                     "on-rank-failure",
                     "continue",
-                    format!(
-                        "`abort` with backend {}: continuing after a rank failure is built for \
-                         the thread backend only (on MPI it needs Open MPI 5's ULFM, which this \
-                         binary does not use yet); resume the last checkpoint on the surviving \
-                         ranks with `resume-ranks` instead",
-                        self.backend.name()
-                    ),
+                    "`abort` with backend nccl: continuing after a rank failure needs the thread \
+                     backend, or MPI with ULFM (`mpirun --with-ft ulfm`); resume the last \
+                     checkpoint on the surviving ranks with `resume-ranks` instead",
                 ));
             }
             if self.checkpoint_every == 0 {

@@ -12,7 +12,7 @@
 //! | `abort` | ends its process at once (`abort`: no cleanup, like `kill -9`) | threads: the process dies with the signal; MPI: `mpirun` names the rank |
 //! | `mismatch` | issues a barrier where its peers all-reduce | a collective mismatch naming each rank's call |
 //! | `short` | its data runs out here (an uneven shard) | nothing: every rank ends the epoch together |
-//! | `checkpoint` | panics after iteration `ITERATION` (0-based) wrote its checkpoint, before the checkpoint is published | as `panic`; `latest` still names the previous checkpoint |
+//! | `checkpoint` | after iteration `ITERATION` (0-based) wrote its checkpoint, before the checkpoint is published: panics (threads) or ends its process (`abort`; MPI, NCCL) | as `panic` or `abort`; `latest` still names the previous checkpoint |
 //!
 //! ```
 //! use localsgd_trainer::fault::{Fault, FaultKind};
@@ -42,8 +42,9 @@ pub enum FaultKind {
     Mismatch,
     /// Run out of data (an uneven shard); not an error.
     Short,
-    /// Panic after the iteration's checkpoint was written and sealed, before it is published
-    /// (a failure in the middle of a checkpoint: the previous one stays `latest`).
+    /// Fail after the iteration's checkpoint was written and sealed, before it is published (a
+    /// failure in the middle of a checkpoint: the previous one stays `latest`): a panic on the
+    /// thread backend, the process's end (as `Abort`) with one process per rank.
     Checkpoint,
 }
 

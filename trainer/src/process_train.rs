@@ -89,6 +89,11 @@ fn resolve_world_size(
     world: &ProcessWorld,
 ) -> Result<TrainConfig> {
     let size = world.group.size();
+    if cfg.on_rank_failure == localsgd_trainer::config::RankFailure::Continue
+        && let Some(why) = world.fault_tolerance_missing()
+    {
+        bail!("invalid setting `on-rank-failure` = \"continue\": {why}; use `abort`");
+    }
     let given = flags.workers_given().map_err(anyhow::Error::msg)?;
     if given && cfg.workers != size {
         bail!(
@@ -164,8 +169,13 @@ fn train_rank(cfg: &TrainConfig, world: &ProcessWorld) -> Result<()> {
         .context("waiting for rank 0 to prepare the run directory")?;
     let progress = if rank == 0 { progress_bar(cfg) } else { None };
     let outcome = run::run_rank(cfg, group.clone(), &data, Some(&dir), progress)?;
-    if rank == 0 {
+    // Rank 0 of the world that finished reports (after a failure, the survivors' rank 0).
+    if outcome.result.rank == 0 {
         report(cfg, &outcome, &dir)?;
+    }
+    if !outcome.membership.is_empty() {
+        // The world group is revoked: meet the survivors and leave without MPI_Finalize.
+        world.exit_after_failure(0);
     }
     Ok(())
 }

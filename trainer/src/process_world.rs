@@ -97,6 +97,29 @@ impl ProcessWorld {
         }
     }
 
+    /// Why this world cannot survive a failed rank (`on-rank-failure = "continue"`), or `None`
+    /// when it can: MPI needs ULFM (Open MPI 5, `mpirun --with-ft ulfm`); NCCL cannot.
+    pub fn fault_tolerance_missing(&self) -> Option<String> {
+        match &self.world {
+            #[cfg(feature = "mpi")]
+            World::Mpi(w) => w.fault_tolerance_missing(),
+            #[cfg(feature = "nccl")]
+            World::Nccl(_) => Some("the NCCL backend cannot continue after a rank failure".into()),
+        }
+    }
+
+    /// After ranks failed and the survivors shrank: meet the survivors, then end this process
+    /// with `code` without finalising (see `MpiWorld::exit_after_failure`). Returns when no
+    /// rank failed.
+    pub fn exit_after_failure(&self, code: i32) {
+        match &self.world {
+            #[cfg(feature = "mpi")]
+            World::Mpi(w) => w.exit_after_failure(code),
+            #[cfg(feature = "nccl")]
+            World::Nccl(_) => {}
+        }
+    }
+
     /// End the job after an error on this rank (the message was printed): `MPI_Abort`, or for
     /// NCCL leaving at once (the peers' next collective fails).
     pub fn abort(self, code: i32) -> ! {

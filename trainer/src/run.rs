@@ -1118,6 +1118,15 @@ fn inject(
             "injected fault: rank {rank} panics before iteration {iteration} ({})",
             crate::fault::ENV
         ),
+        // A panic under MPI ends the whole job (`MPI_Abort`); a process that dies does not.
+        FaultKind::Checkpoint if group.backend() != "threads" => {
+            eprintln!(
+                "injected fault: rank {rank} aborts its process after iteration {iteration}'s \
+                 checkpoint was written, before it is published ({})",
+                crate::fault::ENV
+            );
+            std::process::abort();
+        }
         FaultKind::Checkpoint => panic!(
             "injected fault: rank {rank} panics after iteration {iteration}'s checkpoint was \
              written, before it is published ({})",
@@ -1390,12 +1399,14 @@ fn first_error(results: Vec<Result<RankOutcome, RunError>>) -> Result<Vec<RankOu
     }
 }
 
+/// A peer's failure as this rank sees it: a collective whose peer failed, or (MPI with ULFM) a
+/// group a peer revoked after a failure.
 fn is_peer_failure(e: &RunError) -> bool {
     matches!(
         e,
         RunError::Pipeline(PipelineError::Comm {
-            source: CommError::PeerFailed { .. },
+            source: CommError::PeerFailed { .. } | CommError::Revoked { .. },
             ..
-        }) | RunError::Comm(CommError::PeerFailed { .. })
+        }) | RunError::Comm(CommError::PeerFailed { .. } | CommError::Revoked { .. })
     )
 }

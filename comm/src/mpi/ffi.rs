@@ -29,10 +29,17 @@ unsafe impl Send for Op {}
 // SAFETY: as above.
 unsafe impl Sync for Op {}
 
-/// Turn an MPI return code into a [`CommError::Backend`] naming what failed.
+/// Turn an MPI return code into a [`CommError::Backend`] naming what failed; with ULFM on
+/// ([`super::ulfm::active`]), a failed or revoked peer into [`CommError::Revoked`] (the group
+/// names the ranks: `MpiGroup::peer_failure`).
 pub(crate) fn check(rc: c_int, what: impl FnOnce() -> String) -> Result<(), CommError> {
     if rc == ffi::MPI_SUCCESS as c_int {
         Ok(())
+    } else if super::ulfm::active() && super::ulfm::is_failure(rc) {
+        Err(CommError::Revoked {
+            call: what(),
+            group: Vec::new(),
+        })
     } else {
         Err(CommError::Backend {
             backend: "mpi",

@@ -2,6 +2,7 @@
 
 use super::ffi::{self as mffi, Comm, MAX_COUNT, StridedBytes, check};
 use super::ops::MpiElement;
+use super::ulfm;
 use super::{MpiConfig, Runtime};
 use crate::buffer::{BufferMut, with_typed_slice};
 use crate::error::CommError;
@@ -118,18 +119,25 @@ impl MpiGroup {
             mffi::comm_rank(comm)
         };
         match setup() {
-            Ok(rank) => Ok(Self {
-                comm,
-                owned: true,
-                rank,
-                world_ranks: world_ranks.into(),
-                traffic,
-                config: self.config.clone(),
-                runtime: self.runtime.clone(),
-                issue: Mutex::new(()),
-                poll: None,
-                hurry: false,
-            }),
+            Ok(rank) => {
+                self.runtime
+                    .comms
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(comm);
+                Ok(Self {
+                    comm,
+                    owned: true,
+                    rank,
+                    world_ranks: world_ranks.into(),
+                    traffic,
+                    config: self.config.clone(),
+                    runtime: self.runtime.clone(),
+                    issue: Mutex::new(()),
+                    poll: None,
+                    hurry: false,
+                })
+            }
             Err(e) => {
                 mffi::free_comm(comm);
                 Err(e)
@@ -173,9 +181,30 @@ impl MpiGroup {
         if self.config.signature_check {
             self.check_signature(&sig)?;
         }
-        let out = body()?;
+        let out = body().map_err(|e| self.peer_failure(e, &sig))?;
         self.traffic.record(&sig);
         Ok(out)
+    }
+
+    /// A failed peer as this group reports it (ULFM): the first failed rank this process knows
+    /// of as [`CommError::PeerFailed`], or, when it knows none (another rank saw the failure and
+    /// revoked the group), [`CommError::Revoked`]. Other errors pass through.
+    fn peer_failure(&self, e: CommError, sig: &CallSignature) -> CommError {
+        let (CommError::Revoked { .. }, Ok(ulfm)) = (&e, &self.runtime.ulfm) else {
+            return e;
+        };
+        match ulfm.failed_ranks(self.comm.0).first() {
+            Some(&r) => CommError::PeerFailed {
+                rank: self.world_ranks.get(r).copied().unwrap_or(r),
+                reason: "its process failed (MPI_ERR_PROC_FAILED)".into(),
+                call: sig.to_string(),
+                group: self.world_ranks.to_vec(),
+            },
+            None => CommError::Revoked {
+                call: sig.to_string(),
+                group: self.world_ranks.to_vec(),
+            },
+        }
     }
 
     /// `MPI_Test` `request` every `interval` (sleeping in between) until it completes; while a
@@ -456,6 +485,11 @@ impl Drop for MpiGroup {
         let Ok(_serial) = self.runtime.enter() else {
             return;
         };
+        self.runtime
+            .comms
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|c| c.0 != self.comm.0);
         mffi::free_comm(self.comm);
     }
 }
@@ -576,6 +610,70 @@ impl ProcessGroup for MpiGroup {
             let group: Group = Arc::new(group);
             Ok(group)
         })
+    }
+
+    /// ULFM: revoke every communicator of this process (so that no survivor stays blocked on
+    /// one a peer left), `MPIX_Comm_shrink` this one, agree over the result, and gather the
+    /// survivors' world ranks. The new group counts on this group's traffic counters. Needs an
+    /// MPI library with ULFM and `mpirun --with-ft ulfm` ([`MpiWorld::fault_tolerant`]); without
+    /// them, [`CommError::Unsupported`] says what is missing.
+    ///
+    /// [`MpiWorld::fault_tolerant`]: super::MpiWorld::fault_tolerant
+    fn shrink(&self) -> Result<Group, CommError> {
+        let ulfm = match self.runtime.ulfm {
+            Ok(u) => u,
+            Err(symbols) => {
+                return Err(CommError::Unsupported {
+                    operation: "shrink",
+                    backend: "mpi",
+                    hint: ulfm::unavailable(&self.runtime.library_version, symbols),
+                });
+            }
+        };
+        let _serial = self.runtime.enter()?;
+        let _watch = self.runtime.watchdog.watch(
+            What::Named("shrinking the group to the ranks that did not fail".into()),
+            &self.world_ranks,
+            self.config.timeout,
+        );
+        let comms: Vec<Comm> = self
+            .runtime
+            .comms
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        for c in comms {
+            // A communicator revoked already (by a peer, or by an earlier shrink) may say so.
+            let _ = ulfm.revoke(c.0);
+        }
+        // SAFETY: a null handle is overwritten by MPIX_Comm_shrink on success.
+        let mut new: ffi::MPI_Comm = unsafe { std::mem::zeroed() };
+        let rc = ulfm.shrink(self.comm.0, &mut new);
+        check(rc, || "MPIX_Comm_shrink".into())?;
+        let comm = Comm(new);
+        let members = mffi::errors_return(comm)
+            .and_then(|()| mffi::comm_size(comm))
+            .and_then(|size| mffi::all_gather_u64(comm, &[self.world_rank() as u64], size))
+            .and_then(|m| {
+                // Every survivor leaves the shrink with the same members, or none does.
+                let mut flag: c_int = 1;
+                check(ulfm.agree(comm.0, &mut flag), || "MPIX_Comm_agree".into())?;
+                Ok(m)
+            });
+        let members: Vec<usize> = match members {
+            Ok(m) => m.into_iter().map(|r| r as usize).collect(),
+            Err(e) => {
+                mffi::free_comm(comm);
+                return Err(e);
+            }
+        };
+        let group = self.child(comm, members, self.traffic.clone())?;
+        *self
+            .runtime
+            .survivors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(comm);
+        Ok(Arc::new(group))
     }
 
     fn charge(&self, sig: &CallSignature) {

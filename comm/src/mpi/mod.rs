@@ -54,10 +54,12 @@ mod ffi;
 mod group;
 mod ops;
 mod tuning;
+mod ulfm;
 mod watchdog;
 
 pub use group::MpiGroup;
 pub use tuning::{IALLREDUCE_ALGORITHM_VAR, IallreduceAlgorithm, RABENSEIFNER};
+pub use ulfm::FT_ENABLE_VAR;
 pub use watchdog::WATCHDOG_EXIT_CODE;
 
 use crate::error::CommError;
@@ -65,6 +67,7 @@ use crate::group::Group;
 #[cfg(doc)]
 use crate::group::ProcessGroup;
 use crate::watchdog::{Watchdog, What};
+use ffi::Comm;
 use mpi::environment::{Threading, Universe};
 use ops::UserOps;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -192,6 +195,16 @@ pub(crate) struct Runtime {
     host_id: u64,
     /// [`tuning::ranks_share_cores`], read once at start-up.
     shares_cores: bool,
+    /// ULFM's functions, when the library has them and the launcher enabled them; otherwise
+    /// whether the library has them (for the message of a refused shrink).
+    ulfm: Result<ulfm::Ulfm, bool>,
+    /// Every communicator of this process not yet freed (the world's included), which a shrink
+    /// revokes so that no survivor stays blocked on one of them.
+    comms: Mutex<Vec<Comm>>,
+    /// The communicator of the last shrink: the job lost a rank, and `MPI_Finalize` is skipped.
+    survivors: Mutex<Option<Comm>>,
+    /// The MPI library's version string.
+    library_version: String,
 }
 
 impl Runtime {
@@ -313,6 +326,10 @@ impl MpiWorld {
             finalized: AtomicBool::new(false),
             host_id: host_hash(&processor_name),
             shares_cores: tuning::ranks_share_cores(),
+            ulfm: ulfm::Ulfm::detect(),
+            comms: Mutex::new(vec![world]),
+            survivors: Mutex::new(None),
+            library_version: library_version.clone(),
         });
         let world_size = ffi::comm_size(world)?;
         if config.preconnect {
@@ -365,6 +382,50 @@ impl MpiWorld {
         self.thread_multiple
     }
 
+    /// Whether this process can survive a failed rank: the MPI library has ULFM and the job was
+    /// started with `mpirun --with-ft ulfm` ([`FT_ENABLE_VAR`]). Then a collective whose peer
+    /// failed returns [`CommError::PeerFailed`] or [`CommError::Revoked`] instead of ending the
+    /// job, and [`ProcessGroup::shrink`](crate::ProcessGroup::shrink) gives the survivors a
+    /// group of their own.
+    pub fn fault_tolerant(&self) -> bool {
+        self.runtime.ulfm.is_ok()
+    }
+
+    /// Why [`fault_tolerant`](Self::fault_tolerant) is false (`None` when it is true): the
+    /// library, whether it has the ULFM functions, and the launcher's flag.
+    pub fn fault_tolerance_missing(&self) -> Option<String> {
+        match self.runtime.ulfm {
+            Ok(_) => None,
+            Err(symbols) => Some(ulfm::unavailable(&self.library_version, symbols)),
+        }
+    }
+
+    /// End this process after ranks of the job failed and the survivors shrank
+    /// ([`ProcessGroup::shrink`](crate::ProcessGroup::shrink)): a barrier with the survivors,
+    /// then exit with `code` without `MPI_Finalize`, which Open MPI 5 can leave waiting forever
+    /// for the failed ranks (open-mpi/ompi#11404). Without a shrink, it returns: drop the world
+    /// as usual.
+    pub fn exit_after_failure(&self, code: i32) {
+        let Some(comm) = *self
+            .runtime
+            .survivors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+        else {
+            return;
+        };
+        // SAFETY: `comm` is the live communicator of the last shrink.
+        let _ = unsafe { mpi::ffi::MPI_Barrier(comm.0) };
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        let _ = std::io::stderr().flush();
+        unsafe extern "C" {
+            fn _exit(code: std::ffi::c_int) -> !;
+        }
+        // SAFETY: ends the process at once; nothing of MPI's is used afterwards.
+        unsafe { _exit(code) }
+    }
+
     /// End every process of the job at once with exit code `code` (`MPI_Abort`).
     ///
     /// Use it when one rank hits a fatal error: returning normally would drop the world, and
@@ -387,6 +448,19 @@ impl Drop for MpiWorld {
         let _serial = self.runtime.enter();
         self.runtime.finalized.store(true, Ordering::Release);
         self.runtime.watchdog.stop();
+        let shrunk = self
+            .runtime
+            .survivors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some();
+        if shrunk {
+            // After a failure `MPI_Finalize` can wait forever for the failed ranks
+            // (`exit_after_failure`); leave it out.
+            tracing::warn!("ranks of this job failed: ending without MPI_Finalize");
+            std::mem::forget(self.universe.take());
+            return;
+        }
         self.runtime.ops.free();
         // Dropping the universe calls MPI_Finalize.
         self.universe.take();

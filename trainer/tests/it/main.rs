@@ -22,6 +22,7 @@ mod lr_schedule;
 mod model_gpt;
 mod model_mlp;
 mod mpi_train;
+mod mpi_ulfm;
 mod nccl_train;
 mod one_process_per_rank;
 mod outer_pipeline;

@@ -245,7 +245,7 @@ fn two_failures_in_a_row_leave_two_workers() {
 }
 
 #[test]
-fn continue_is_refused_without_checkpoints_or_on_mpi() {
+fn continue_is_refused_without_checkpoints_or_on_nccl() {
     let bad = |extra: &[&str]| {
         let mut cfg = TrainConfig {
             algorithm: AlgorithmKind::LocalSgd,
@@ -256,7 +256,7 @@ fn continue_is_refused_without_checkpoints_or_on_mpi() {
         for e in extra {
             match *e {
                 "no-checkpoints" => cfg.checkpoint_every = 0,
-                "mpi" => cfg.backend = localsgd_trainer::config::Backend::Mpi,
+                "nccl" => cfg.backend = localsgd_trainer::config::Backend::Nccl,
                 _ => unreachable!(),
             }
         }
@@ -267,9 +267,9 @@ fn continue_is_refused_without_checkpoints_or_on_mpi() {
         e.contains("on-rank-failure") && e.contains("checkpoint-every"),
         "{e}"
     );
-    let e = bad(&["mpi"]);
+    let e = bad(&["nccl"]);
     assert!(
-        e.contains("on-rank-failure") && e.contains("thread backend"),
+        e.contains("on-rank-failure") && e.contains("backend nccl") && e.contains("ULFM"),
         "{e}"
     );
 }

