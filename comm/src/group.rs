@@ -93,9 +93,12 @@ pub trait ProcessGroup: Send + Sync + Debug {
     ///   error, never a hang: shrink the group the first shrink returned instead (repeatedly,
     ///   after each further failure).
     ///
-    /// Backends: the thread backend; MPI with ULFM (Open MPI 5 under `mpirun --with-ft ulfm`,
-    /// which revokes every communicator of the process first, and whose timeout is the
-    /// watchdog's); the default (NCCL) returns [`CommError::Unsupported`].
+    /// Backends: the thread backend; MPI with ULFM (Open MPI 5 under `mpirun --with-ft ulfm`).
+    /// Under MPI a shrink revokes every communicator of the process first (so even without a
+    /// failure the other groups of the process are unusable afterwards), a second shrink of one
+    /// group is [`CommError::InvalidConfig`], and a survivor that never calls it is ended by the
+    /// watchdog at the group timeout instead of a returned [`CommError::Timeout`]. The default
+    /// (NCCL) returns [`CommError::Unsupported`].
     fn shrink(&self) -> Result<Group, CommError> {
         Err(CommError::Unsupported {
             operation: "shrink",

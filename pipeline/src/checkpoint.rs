@@ -721,6 +721,22 @@ impl CheckpointDir {
         Ok(dir)
     }
 
+    /// The iterations the latest checkpoint holds (its manifest's `iterations_done`).
+    pub fn latest_iterations(&self) -> Result<u64, CheckpointError> {
+        let dir = self.latest()?;
+        let manifest_path = dir.join("manifest.json");
+        let manifest = fs::read(&manifest_path).map_err(io(&manifest_path))?;
+        serde_json::from_slice::<serde_json::Value>(&manifest)
+            .ok()
+            .and_then(|m| m.get("iterations_done")?.as_u64())
+            .ok_or_else(|| {
+                CheckpointError::Incompatible(format!(
+                    "{} is not a valid checkpoint manifest (no iterations_done)",
+                    manifest_path.display()
+                ))
+            })
+    }
+
     /// The latest checkpoint directory and the identity its manifest records (world size and
     /// algorithm settings), for tools that read a finished run (`localsgd export`).
     pub fn latest_identity(&self) -> Result<(PathBuf, RunIdentity), CheckpointError> {

@@ -32,6 +32,24 @@ pub fn parse_widths(s: &str) -> Result<Widths, String> {
         .map(Widths)
 }
 
+/// Parse a comma-separated list of saved ranks (`0,2,3`) for `--resume-ranks`; `""` for
+/// none.
+pub fn parse_ranks(s: &str) -> Result<Widths, String> {
+    if s.trim().is_empty() {
+        return Ok(Widths(Vec::new()));
+    }
+    s.split(',')
+        .map(|part| {
+            part.trim().parse::<usize>().map_err(|_| {
+                format!(
+                    "{part:?} is not a rank: expected the saved ranks each worker continues from, comma-separated non-negative integers, e.g. 0,2,3"
+                )
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Widths)
+}
+
 impl ConfigFlags {
     /// Whether `workers` was given explicitly (as a flag or in the config file). Under MPI an
     /// unset `workers` means "the MPI world size"; a given one must match it.

@@ -1,7 +1,7 @@
 //! The run configuration: one struct, read from a TOML file (`--config run.toml`), overridden by
 //! command-line flags of the same names, validated before anything is written.
 
-use crate::cli::{Widths, parse_widths};
+use crate::cli::{Widths, parse_ranks, parse_widths};
 pub use crate::pipeline::{Accumulation, BufferPolicy};
 use localsgd_averagers::PseudoGradient;
 use localsgd_comm::codec::Rounding;
@@ -850,7 +850,7 @@ settings! {
         /// over the new workers (book: Fault tolerance, "Resuming on another number of ranks").
         /// Empty (the default): the checkpoint's own number of workers, each its own rank.
         #[setting(type = "list of ranks")]
-        #[arg(value_parser = parse_widths, value_name = "R0,R1,...", allow_hyphen_values = true)]
+        #[arg(value_parser = parse_ranks, value_name = "R0,R1,...", allow_hyphen_values = true)]
         resume_ranks: Vec<usize> as Widths = vec![],
         /// What the other ranks do when a rank fails during training: `abort` (end the job) or
         /// `continue` (shrink to the survivors and train on).
@@ -1221,7 +1221,9 @@ impl TrainConfig {
                      continues from)",
                 ));
             }
-            if self.resume_ranks.len() != self.workers {
+            // One process per rank: `workers` is the launcher's world size, set after this
+            // first check (the launch checks the length against it).
+            if self.backend == Backend::Threads && self.resume_ranks.len() != self.workers {
                 return Err(bad(
                     "resume-ranks",
                     format!("{:?}", self.resume_ranks),

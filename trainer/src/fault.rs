@@ -12,7 +12,8 @@
 //! | `abort` | ends its process at once (`abort`: no cleanup, like `kill -9`) | threads: the process dies with the signal; MPI: `mpirun` names the rank |
 //! | `mismatch` | issues a barrier where its peers all-reduce | a collective mismatch naming each rank's call |
 //! | `short` | its data runs out here (an uneven shard) | nothing: every rank ends the epoch together |
-//! | `checkpoint` | after iteration `ITERATION` (0-based) wrote its checkpoint, before the checkpoint is published: panics (threads) or ends its process (`abort`; MPI, NCCL) | as `panic` or `abort`; `latest` still names the previous checkpoint |
+//! | `step` | fails inside iteration `ITERATION`'s forward pass, after the ranks agreed there is data (its peers meet the failure in the gradient sync or the average): panics (threads) or ends its process (MPI, NCCL) | as `panic` or `abort` |
+//! | `checkpoint` | after iteration `ITERATION` (0-based) wrote its checkpoint, before the checkpoint is published: panics (threads) or ends its process (`abort`; MPI, NCCL); only an iteration that writes one (`ITERATION + 1` a multiple of `checkpoint-every`, with a run directory) fires it | as `panic` or `abort`; `latest` still names the previous checkpoint |
 //!
 //! ```
 //! use localsgd_trainer::fault::{Fault, FaultKind};
@@ -42,6 +43,10 @@ pub enum FaultKind {
     Mismatch,
     /// Run out of data (an uneven shard); not an error.
     Short,
+    /// Fail inside the iteration's forward pass (its peers meet the failure in a later phase
+    /// of the same iteration): a panic on the thread backend, the process's end with one
+    /// process per rank.
+    Step,
     /// Fail after the iteration's checkpoint was written and sealed, before it is published (a
     /// failure in the middle of a checkpoint: the previous one stays `latest`): a panic on the
     /// thread backend, the process's end (as `Abort`) with one process per rank.
@@ -66,7 +71,7 @@ impl FromStr for Fault {
         let bad = || {
             format!(
                 "{ENV} = {s:?}: expected KIND@RANK:ITERATION with KIND one of panic, stall, \
-                 abort, mismatch, short, checkpoint (e.g. \"panic@1:10\")"
+                 abort, mismatch, short, step, checkpoint (e.g. \"panic@1:10\")"
             )
         };
         let (kind, at) = s.split_once('@').ok_or_else(bad)?;
@@ -78,6 +83,7 @@ impl FromStr for Fault {
             "mismatch" => FaultKind::Mismatch,
             "short" => FaultKind::Short,
             "checkpoint" => FaultKind::Checkpoint,
+            "step" => FaultKind::Step,
             _ => return Err(bad()),
         };
         Ok(Self {

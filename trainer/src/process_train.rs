@@ -94,6 +94,14 @@ fn resolve_world_size(
     {
         bail!("invalid setting `on-rank-failure` = \"continue\": {why}; use `abort`");
     }
+    if !cfg.resume_ranks.is_empty() && cfg.resume_ranks.len() != size {
+        bail!(
+            "invalid setting `resume-ranks` = {:?}: one saved rank per rank of the job, {size} \
+             here ({})",
+            cfg.resume_ranks,
+            world.size_hint(size)
+        );
+    }
     let given = flags.workers_given().map_err(anyhow::Error::msg)?;
     if given && cfg.workers != size {
         bail!(

@@ -639,6 +639,11 @@ struct RankState {
     curve: Vec<(f64, f64)>,
     /// Communication of the worlds that ended in a failure.
     traffic: Traffic,
+    /// The checkpoints this job can continue from (the newest last, at most a few): their
+    /// iterations and this rank's file in each (its rank in the world that wrote it, or the
+    /// saved rank it resumed from). A checkpoint in the run directory that is not one of them
+    /// belongs to another job.
+    checkpoints: Vec<(u64, usize)>,
 }
 
 impl RankState {
@@ -652,7 +657,19 @@ impl RankState {
             samples: 0,
             curve: Vec::new(),
             traffic: Traffic::default(),
+            checkpoints: Vec::new(),
         })
+    }
+
+    /// This job's checkpoint of `iterations` holds this rank's state as saved rank
+    /// `saved_rank`. `latest` names one of the newest two a job sealed, so a few are enough.
+    fn remember_checkpoint(&mut self, iterations: u64, saved_rank: usize) {
+        self.checkpoints.retain(|&(i, _)| i != iterations);
+        self.checkpoints.push((iterations, saved_rank));
+        let keep = 4;
+        if self.checkpoints.len() > keep {
+            self.checkpoints.drain(..self.checkpoints.len() - keep);
+        }
     }
 }
 
@@ -670,7 +687,7 @@ pub struct MembershipChange {
     /// Ranks (of the job's first world) of the new world, in its rank order.
     pub members: Vec<usize>,
     /// Seconds from the failure reaching this rank to the new world's first completed
-    /// iteration (`None` if it completed none).
+    /// iteration (`None` if it completed none); this rank's own measurement.
     pub recovery_seconds: Option<f64>,
 }
 
@@ -727,6 +744,13 @@ fn train_from(
     {
         change.iteration = resume_done.unwrap_or(0);
     }
+    if let Some(done) = resume_done {
+        let saved_rank = match start {
+            Start::ResumeFrom(saved) => saved,
+            _ => rank,
+        };
+        state.remember_checkpoint(done, saved_rank);
+    }
 
     let train = Arc::new(data.train.clone());
     let mut sampler = ShardSampler::new(train.len(), world, rank)?;
@@ -747,8 +771,9 @@ fn train_from(
     )?;
     let total = match (cfg.steps, resume_done) {
         (Some(steps), _) => steps,
-        // The epochs left, counted in this world's batches.
-        (None, Some(done)) if saved_world != world => {
+        // The epochs left, counted in this world's batches (after a change of the number of
+        // ranks, earlier or now, the run's epochs had other lengths).
+        (None, Some(done)) => {
             let left_now = loader.batches_per_epoch() as u64
                 - position.next_batch.min(loader.batches_per_epoch() as u64);
             done + per_epoch.steps_after(left_now, cfg.epochs.saturating_sub(position.epoch + 1))
@@ -785,9 +810,16 @@ fn train_from(
     let mut samples = state.samples;
     let mut last_global = None;
     // Rank 0's loss curve: the iterations a new world took over are its own.
-    let mut curve = std::mem::take(&mut state.curve);
-    curve.retain(|(i, _)| *i < resume_done.unwrap_or(0) as f64);
-    let loss_fn = |m: &Network, b: &(Tensor<2>, Tensor<1, Int>)| loss(m, b);
+    let resumed_at = resume_done.unwrap_or(0) as f64;
+    state.curve.retain(|(i, _)| *i < resumed_at);
+    // A `step` fault fires inside the iteration's forward pass, after the ranks agreed on data.
+    let mid_step: std::cell::Cell<Option<Fault>> = std::cell::Cell::new(None);
+    let loss_fn = |m: &Network, b: &(Tensor<2>, Tensor<1, Int>)| {
+        if let Some(f) = mid_step.take() {
+            fail_mid_step(f, &group);
+        }
+        loss(m, b)
+    };
     state.iteration = pipeline.iteration();
     while pipeline.iteration() < total {
         if cfg.steps.is_none() && loader.epoch() >= cfg.epochs {
@@ -799,14 +831,18 @@ fn train_from(
             .position(|f| f.kind != FaultKind::Checkpoint && f.due(job_rank, pipeline.iteration()));
         if let Some(i) = due {
             let f = state.faults.remove(i);
-            inject(f, cfg, &group, &mut loader)?;
+            if f.kind == FaultKind::Step {
+                mid_step.set(Some(f));
+            } else {
+                inject(f, cfg, &group, &mut loader)?;
+            }
         }
         match pipeline.run_iteration(model, &mut loader, &loss_fn)? {
             Outcome::Trained(m, report) => {
                 model = m;
                 state.iteration = pipeline.iteration();
                 if let Some(since) = state.recovering.take() {
-                    recovered(&mut state.membership, since, rank, run_dir)?;
+                    recovered(&mut state.membership, Some(since), rank, run_dir)?;
                 }
                 samples += cfg.batch_size as u64;
                 state.samples = samples;
@@ -819,8 +855,9 @@ fn train_from(
                 }
                 let done = pipeline.iteration();
                 if rank == 0 {
-                    curve.push((report.iteration as f64, report.loss as f64));
-                    state.curve.clone_from(&curve);
+                    state
+                        .curve
+                        .push((report.iteration as f64, report.loss as f64));
                     if let Some(p) = &mut state.progress {
                         p(done, total, last_global);
                     }
@@ -850,6 +887,8 @@ fn train_from(
                     if let Some(g) = &publish_sync {
                         g.barrier()?;
                     }
+                    // Every rank wrote its file: this world may continue from it.
+                    state.remember_checkpoint(done, rank);
                     if rank == 0 {
                         checkpoints.publish(done)?;
                     }
@@ -873,14 +912,21 @@ fn train_from(
     // buffers (BatchNorm's running statistics) with the last forward's update, as the
     // checkpoint phase saves them.
     let model = crate::pipeline::refresh_buffers(model);
-    if let Some(checkpoints) = &checkpoints {
-        checkpoints
+    if let Some(checkpoints) = &checkpoints
+        && checkpoints
             .save_final(&mut pipeline, &model, loader.position())
-            .map_err(checkpoint_failure)?;
+            .map_err(checkpoint_failure)?
+            .is_some()
+    {
+        state.remember_checkpoint(pipeline.iteration(), rank);
     }
 
     let model = pipeline.finish(model)?;
     let (local, world, params) = final_models(cfg, model, &pipeline, run_dir, data, &device)?;
+    // A world that took over with nothing left to train still records its change.
+    if let Some(since) = state.recovering.take() {
+        recovered(&mut state.membership, Some(since), rank, run_dir)?;
+    }
     Ok(WorkerResult {
         rank,
         iterations: pipeline.iteration(),
@@ -895,7 +941,7 @@ fn train_from(
         wall,
         samples,
         params,
-        loss_curve: curve,
+        loss_curve: state.curve.clone(),
     })
 }
 
@@ -1145,8 +1191,29 @@ fn inject(
         // Its peers are about to agree on data (an all-reduce): a barrier does not match.
         FaultKind::Mismatch => group.barrier()?,
         FaultKind::Short => loader.end_epoch_here(),
+        // Fired inside the iteration (`fail_mid_step`), not before it.
+        FaultKind::Step => fail_mid_step(f, group),
     }
     Ok(())
+}
+
+/// A `step` fault ([`crate::fault`]): the rank fails inside its forward pass, while its peers
+/// go on into the iteration's collectives (gradient sync, averaging): on the thread backend its
+/// thread panics, with one process per rank its process ends (a panic under MPI would end the
+/// whole job).
+fn fail_mid_step(f: Fault, group: &Group) {
+    let (rank, iteration) = (f.rank, f.iteration);
+    if group.backend() != "threads" {
+        eprintln!(
+            "injected fault: rank {rank} aborts its process inside iteration {iteration} ({})",
+            crate::fault::ENV
+        );
+        std::process::abort();
+    }
+    panic!(
+        "injected fault: rank {rank} panics inside iteration {iteration} ({})",
+        crate::fault::ENV
+    );
 }
 
 /// Write `model` to the `export` file (PyTorch layout, atomically; [`crate::export`]).
@@ -1185,7 +1252,8 @@ pub struct RankOutcome {
     /// rank; the same on every rank).
     pub wall_seconds: f64,
     /// The changes of the ranks the run trained on, in order (`on-rank-failure =
-    /// "continue"`; empty when every rank finished). The same on every surviving rank.
+    /// "continue"`; empty when every rank finished). The same on every surviving rank except
+    /// `recovery_seconds`, each rank's own.
     pub membership: Vec<MembershipChange>,
 }
 
@@ -1223,6 +1291,10 @@ pub fn run_rank(
         };
         state.traffic += group.traffic() - traffic_before;
         let detected = Instant::now();
+        // A change whose new world failed before completing an iteration is recorded now.
+        if state.recovering.take().is_some() {
+            recovered(&mut state.membership, None, group.rank(), run_dir)?;
+        }
         let survivors = group.shrink()?;
         let old: Vec<usize> = group.world_ranks().to_vec();
         let members: Vec<usize> = survivors.world_ranks().to_vec();
@@ -1231,7 +1303,11 @@ pub fn run_rank(
             .copied()
             .filter(|r| !members.contains(r))
             .collect();
-        let next = continue_point(&survivors, run_dir)?;
+        if left.is_empty() {
+            // Every rank is alive: the failure was not a lost rank after all.
+            return Err(failure);
+        }
+        let next = continue_point(&state, run_dir)?;
         tracing::warn!(
             ?left,
             world = members.len(),
@@ -1260,10 +1336,11 @@ pub fn run_rank(
     })
 }
 
-/// Where the survivors in `group` continue after a rank failure: the last published checkpoint
-/// (this rank's file in it: the saving world's rank of this rank's job rank), or the start
-/// when there is none.
-fn continue_point(group: &Group, run_dir: Option<&Path>) -> Result<Start, RunError> {
+/// Where the survivors continue after a rank failure: the last published checkpoint, if it is
+/// one of this job's (this rank's file in it: [`RankState::remember_checkpoint`]); the start
+/// when there is none, or when `latest` names another job's checkpoint (a run directory used
+/// before) that this job neither wrote nor resumed from.
+fn continue_point(state: &RankState, run_dir: Option<&Path>) -> Result<Start, RunError> {
     let dir = run_dir.ok_or_else(|| {
         RunError::Config(SettingError::new(
             "on-rank-failure",
@@ -1271,39 +1348,37 @@ fn continue_point(group: &Group, run_dir: Option<&Path>) -> Result<Start, RunErr
             "`abort`, or a run directory: the survivors continue from its last checkpoint",
         ))
     })?;
-    let checkpoints = crate::checkpoint::CheckpointDir::new(dir);
-    let (path, saved) = match checkpoints.latest_identity() {
-        Ok(found) => found,
+    let latest = match crate::checkpoint::CheckpointDir::new(dir).latest_iterations() {
+        Ok(i) => i,
         Err(CheckpointError::Missing(_)) => return Ok(Start::Fresh),
         Err(e) => return Err(e.into()),
     };
-    let me = group.world_ranks()[group.rank()];
-    let saved_rank = saved
-        .member_ranks()
-        .iter()
-        .position(|&r| r == me)
-        .ok_or_else(|| {
-            RunError::Checkpoint(CheckpointError::Incompatible(format!(
-                "rank {me} is not one of the ranks {:?} that wrote the checkpoint in {}",
-                saved.member_ranks(),
-                path.display()
-            )))
-        })?;
-    Ok(Start::ResumeFrom(saved_rank))
+    match state.checkpoints.iter().find(|&&(i, _)| i == latest) {
+        Some(&(_, saved_rank)) => Ok(Start::ResumeFrom(saved_rank)),
+        None => {
+            tracing::warn!(
+                latest,
+                "the latest checkpoint in {} is not this job's: the survivors start over",
+                dir.display()
+            );
+            Ok(Start::Fresh)
+        }
+    }
 }
 
-/// The new world completed its first iteration after a membership change: time the recovery,
-/// and (rank 0) append the change to the run directory's `membership.csv`.
+/// The new world completed its first iteration after a membership change (`since`: when the
+/// failure reached this rank), or ended or failed again before one (`None`): time the
+/// recovery, and (rank 0) append the change to the run directory's `membership.csv`.
 fn recovered(
     membership: &mut [MembershipChange],
-    since: Instant,
+    since: Option<Instant>,
     rank: usize,
     run_dir: Option<&Path>,
 ) -> Result<(), RunError> {
     let Some(change) = membership.last_mut() else {
         return Ok(());
     };
-    change.recovery_seconds = Some(since.elapsed().as_secs_f64());
+    change.recovery_seconds = since.map(|t| t.elapsed().as_secs_f64());
     if let (0, Some(dir)) = (rank, run_dir) {
         crate::metrics::append_membership(dir, change).map_err(output_error("membership.csv"))?;
     }
@@ -1399,14 +1474,33 @@ fn first_error(results: Vec<Result<RankOutcome, RunError>>) -> Result<Vec<RankOu
     }
 }
 
-/// A peer's failure as this rank sees it: a collective whose peer failed, or (MPI with ULFM) a
-/// group a peer revoked after a failure.
+/// A peer's failure as this rank sees it, wherever it surfaced (a phase's collective, the
+/// gradient hook, the averager, a checkpoint's barriers, setup): a collective whose peer
+/// failed, or (MPI with ULFM) a group a peer revoked after a failure.
 fn is_peer_failure(e: &RunError) -> bool {
-    matches!(
-        e,
-        RunError::Pipeline(PipelineError::Comm {
-            source: CommError::PeerFailed { .. } | CommError::Revoked { .. },
-            ..
-        }) | RunError::Comm(CommError::PeerFailed { .. } | CommError::Revoked { .. })
-    )
+    fn lost(c: &CommError) -> bool {
+        matches!(c, CommError::PeerFailed { .. } | CommError::Revoked { .. })
+    }
+    // Each error in the chain, itself included: `#[error(transparent)]` wrappers hand out
+    // their inner error's source, so every level is also downcast.
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = next {
+        if let Some(c) = err.downcast_ref::<CommError>() {
+            return lost(c);
+        }
+        // The transparent wrappers of a `CommError` (their `source` skips it).
+        if let Some(localsgd_hooks::HookError::Comm(c)) = err.downcast_ref() {
+            return lost(c);
+        }
+        if let Some(localsgd_averagers::AveragerError::Comm(c)) = err.downcast_ref() {
+            return lost(c);
+        }
+        let inner = match err.downcast_ref::<RunError>() {
+            Some(RunError::Pipeline(p)) => Some(p as &(dyn std::error::Error + 'static)),
+            Some(RunError::Checkpoint(c)) => Some(c as &(dyn std::error::Error + 'static)),
+            _ => None,
+        };
+        next = inner.or_else(|| err.source());
+    }
+    false
 }

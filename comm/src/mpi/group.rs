@@ -52,6 +52,11 @@ pub struct MpiGroup {
     /// cores ([`tuning::ranks_share_cores`]), where a polling helper takes the core another
     /// rank's compute needs.
     hurry: bool,
+    /// Whether this group was shrunk already (a second shrink of it is refused: the survivors
+    /// shrink the group the first one returned).
+    shrunk: std::sync::atomic::AtomicBool,
+    /// The shrinks this process had been through when the group was created (`Runtime::epoch`).
+    epoch: u64,
 }
 
 /// Polling interval of a dedicated communicator's all-reduce pieces: short against a piece's
@@ -94,6 +99,8 @@ impl MpiGroup {
             issue: Mutex::new(()),
             poll: None,
             hurry: false,
+            shrunk: std::sync::atomic::AtomicBool::new(false),
+            epoch: 0,
         })
     }
 
@@ -120,11 +127,12 @@ impl MpiGroup {
         };
         match setup() {
             Ok(rank) => {
+                let epoch = self.runtime.epoch();
                 self.runtime
                     .comms
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .push(comm);
+                    .push((comm, epoch));
                 Ok(Self {
                     comm,
                     owned: true,
@@ -136,6 +144,8 @@ impl MpiGroup {
                     issue: Mutex::new(()),
                     poll: None,
                     hurry: false,
+                    shrunk: std::sync::atomic::AtomicBool::new(false),
+                    epoch,
                 })
             }
             Err(e) => {
@@ -193,6 +203,7 @@ impl MpiGroup {
         let (CommError::Revoked { .. }, Ok(ulfm)) = (&e, &self.runtime.ulfm) else {
             return e;
         };
+        self.runtime.revoke_failed(self.epoch);
         match ulfm.failed_ranks(self.comm.0).first() {
             Some(&r) => CommError::PeerFailed {
                 rank: self.world_ranks.get(r).copied().unwrap_or(r),
@@ -485,11 +496,14 @@ impl Drop for MpiGroup {
         let Ok(_serial) = self.runtime.enter() else {
             return;
         };
-        self.runtime
-            .comms
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|c| c.0 != self.comm.0);
+        {
+            let mut comms = self.runtime.comms.lock().unwrap_or_else(|e| e.into_inner());
+            comms.retain(|(c, _)| c.0 != self.comm.0);
+            // After a failure, a peer may still wait in a collective of this communicator.
+            if let (true, Ok(ulfm)) = (self.runtime.failed(self.epoch), &self.runtime.ulfm) {
+                let _ = ulfm.revoke(self.comm.0);
+            }
+        }
         mffi::free_comm(self.comm);
     }
 }
@@ -630,49 +644,66 @@ impl ProcessGroup for MpiGroup {
                 });
             }
         };
+        if self.shrunk.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            return Err(CommError::InvalidConfig(format!(
+                "group {:?} was shrunk already: after a further failure, shrink the group the \
+                 first shrink returned",
+                &self.world_ranks[..]
+            )));
+        }
         let _serial = self.runtime.enter()?;
         let _watch = self.runtime.watchdog.watch(
             What::Named("shrinking the group to the ranks that did not fail".into()),
             &self.world_ranks,
             self.config.timeout,
         );
-        let comms: Vec<Comm> = self
-            .runtime
-            .comms
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        for c in comms {
-            // A communicator revoked already (by a peer, or by an earlier shrink) may say so.
-            let _ = ulfm.revoke(c.0);
-        }
+        self.runtime.revoke_failed(self.epoch);
         // SAFETY: a null handle is overwritten by MPIX_Comm_shrink on success.
         let mut new: ffi::MPI_Comm = unsafe { std::mem::zeroed() };
         let rc = ulfm.shrink(self.comm.0, &mut new);
         check(rc, || "MPIX_Comm_shrink".into())?;
         let comm = Comm(new);
-        let members = mffi::errors_return(comm)
+        let gathered = mffi::errors_return(comm)
             .and_then(|()| mffi::comm_size(comm))
-            .and_then(|size| mffi::all_gather_u64(comm, &[self.world_rank() as u64], size))
-            .and_then(|m| {
-                // Every survivor leaves the shrink with the same members, or none does.
-                let mut flag: c_int = 1;
-                check(ulfm.agree(comm.0, &mut flag), || "MPIX_Comm_agree".into())?;
-                Ok(m)
-            });
-        let members: Vec<usize> = match members {
-            Ok(m) => m.into_iter().map(|r| r as usize).collect(),
-            Err(e) => {
+            .and_then(|size| mffi::all_gather_u64(comm, &[self.world_rank() as u64], size));
+        // Every survivor leaves the shrink with the members, or none does: each says whether
+        // its part worked, and the agreement (a fault-tolerant AND) is every survivor's answer.
+        let mut flag: c_int = c_int::from(gathered.is_ok());
+        let agreed = check(ulfm.agree(comm.0, &mut flag), || "MPIX_Comm_agree".into());
+        let members: Vec<usize> = match (gathered, agreed, flag) {
+            (Ok(m), Ok(()), 1) => m.into_iter().map(|r| r as usize).collect(),
+            (gathered, agreed, _) => {
                 mffi::free_comm(comm);
-                return Err(e);
+                return Err(gathered
+                    .and(agreed)
+                    .err()
+                    .unwrap_or_else(|| CommError::Backend {
+                        backend: "mpi",
+                        message: "a survivor could not learn the shrunk group's members \
+                              (MPIX_Comm_agree said no)"
+                            .into(),
+                    }));
             }
         };
+        // The runtime's own handle on the survivors, for the barrier before leaving
+        // (`MpiWorld::exit_after_failure`); the group's is freed with the group.
+        // SAFETY: a null handle is overwritten by MPI_Comm_dup on success; `comm` is live.
+        let mut keep: ffi::MPI_Comm = unsafe { std::mem::zeroed() };
+        // SAFETY: valid communicator, every survivor calls it here.
+        let rc = unsafe { ffi::MPI_Comm_dup(comm.0, &mut keep) };
+        if let Err(e) = check(rc, || "MPI_Comm_dup".into()) {
+            mffi::free_comm(comm);
+            return Err(e);
+        }
+        // The survivors' group starts the next epoch: a late error of this epoch's
+        // communicators revokes them, never it.
+        self.runtime.next_epoch(self.epoch);
         let group = self.child(comm, members, self.traffic.clone())?;
         *self
             .runtime
             .survivors
             .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some(comm);
+            .unwrap_or_else(|e| e.into_inner()) = Some(Comm(keep));
         Ok(Arc::new(group))
     }
 

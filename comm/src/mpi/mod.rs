@@ -70,7 +70,7 @@ use crate::watchdog::{Watchdog, What};
 use ffi::Comm;
 use mpi::environment::{Threading, Universe};
 use ops::UserOps;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -198,16 +198,60 @@ pub(crate) struct Runtime {
     /// ULFM's functions, when the library has them and the launcher enabled them; otherwise
     /// whether the library has them (for the message of a refused shrink).
     ulfm: Result<ulfm::Ulfm, bool>,
-    /// Every communicator of this process not yet freed (the world's included), which a shrink
-    /// revokes so that no survivor stays blocked on one of them.
-    comms: Mutex<Vec<Comm>>,
-    /// The communicator of the last shrink: the job lost a rank, and `MPI_Finalize` is skipped.
+    /// Every communicator of this process not yet freed (the world's included), with the epoch
+    /// it was created in, which a failure of that epoch revokes so that no survivor stays
+    /// blocked on one of them.
+    comms: Mutex<Vec<(Comm, u64)>>,
+    /// The current epoch: how many shrinks this process has been through. A group belongs to
+    /// the epoch it was created in; a shrink's group starts the next one.
+    epoch: AtomicU64,
+    /// A duplicate of the last shrink's communicator, owned here and never freed (the groups'
+    /// communicators are freed with them): the job lost a rank, `MPI_Finalize` is skipped and
+    /// `MpiWorld::exit_after_failure` meets the survivors on it.
     survivors: Mutex<Option<Comm>>,
+    /// Epochs below this one have seen a failed peer (ULFM; 0: none): their communicators are
+    /// revoked, and each one a group frees afterwards is revoked before it is freed.
+    failed_below: AtomicU64,
     /// The MPI library's version string.
     library_version: String,
 }
 
 impl Runtime {
+    /// A failed peer was seen on a communicator of `epoch` (ULFM): revoke every communicator
+    /// of that epoch and earlier, so that no survivor stays blocked in a collective of one that
+    /// a peer has left (ULFM reports a failure only to the ranks whose call involves the failed
+    /// one). The survivors' groups of later epochs are left alone. Idempotent; the list stays
+    /// locked while revoking, so no group frees a communicator meanwhile.
+    pub(crate) fn revoke_failed(&self, epoch: u64) {
+        let Ok(ulfm) = &self.ulfm else {
+            return;
+        };
+        self.failed_below.fetch_max(epoch + 1, Ordering::AcqRel);
+        let comms = self.comms.lock().unwrap_or_else(|e| e.into_inner());
+        for (c, e) in comms.iter() {
+            if *e <= epoch {
+                // A communicator revoked already (by a peer, or earlier) may say so.
+                let _ = ulfm.revoke(c.0);
+            }
+        }
+    }
+
+    /// Whether a communicator of `epoch` belongs to a world that lost a rank.
+    pub(crate) fn failed(&self, epoch: u64) -> bool {
+        epoch < self.failed_below.load(Ordering::Acquire)
+    }
+
+    /// The current epoch (see the field).
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// A shrink of a group of `epoch` succeeded: its group starts epoch `epoch + 1`.
+    pub(crate) fn next_epoch(&self, epoch: u64) -> u64 {
+        self.epoch.fetch_max(epoch + 1, Ordering::AcqRel);
+        epoch + 1
+    }
+
     /// Enter an MPI call: fails after finalisation, holds the serialising lock if there is one.
     fn enter(&self) -> Result<Option<MutexGuard<'_, ()>>, CommError> {
         if self.finalized.load(Ordering::Acquire) {
@@ -327,8 +371,10 @@ impl MpiWorld {
             host_id: host_hash(&processor_name),
             shares_cores: tuning::ranks_share_cores(),
             ulfm: ulfm::Ulfm::detect(),
-            comms: Mutex::new(vec![world]),
+            comms: Mutex::new(vec![(world, 0)]),
+            epoch: AtomicU64::new(0),
             survivors: Mutex::new(None),
+            failed_below: AtomicU64::new(0),
             library_version: library_version.clone(),
         });
         let world_size = ffi::comm_size(world)?;
@@ -414,8 +460,11 @@ impl MpiWorld {
         else {
             return;
         };
-        // SAFETY: `comm` is the live communicator of the last shrink.
-        let _ = unsafe { mpi::ffi::MPI_Barrier(comm.0) };
+        if let Ok(_serial) = self.runtime.enter() {
+            // SAFETY: `comm` is the runtime's own duplicate of the last shrink's communicator,
+            // never freed. A survivor that failed meanwhile only makes the barrier fail.
+            let _ = unsafe { mpi::ffi::MPI_Barrier(comm.0) };
+        }
         use std::io::Write;
         let _ = std::io::stdout().flush();
         let _ = std::io::stderr().flush();

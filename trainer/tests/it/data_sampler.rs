@@ -167,3 +167,60 @@ fn redeal_continues_an_epoch_on_another_number_of_ranks() {
         Err(DataError::ZeroBatchSize)
     ));
 }
+
+/// [`ShardSampler::redeal`] over many layouts: the rows the old world visited (each of its
+/// ranks' first `next_batch` batches) and the rows the new world is dealt cover the epoch's rows
+/// from the start row exactly once, apart from the wrap-around padding, which only repeats rows
+/// (an independent count, not the sampler's own arithmetic).
+#[test]
+fn redeal_covers_the_rest_of_the_epoch_exactly_once() {
+    use localsgd_trainer::pipeline::DataPosition;
+    use std::collections::BTreeSet;
+    for n in 1..30usize {
+        for old_world in 1..5usize {
+            for new_world in 1..5usize {
+                for batch in 1..4usize {
+                    for start in [0, n / 3, n - 1] {
+                        let rest: BTreeSet<usize> = (start..n).collect();
+                        let per_rank = (n - start).div_ceil(old_world);
+                        for next_batch in 0..=per_rank.div_ceil(batch) {
+                            let taken = (next_batch * batch).min(per_rank);
+                            let old: BTreeSet<usize> = (0..old_world)
+                                .flat_map(|r| {
+                                    let s = ShardSampler::new(n, old_world, r).unwrap();
+                                    s.epoch_indices_from(0, start)[..taken].to_vec()
+                                })
+                                .collect();
+                            let at = DataPosition {
+                                epoch: 0,
+                                next_batch: next_batch as u64,
+                                start: start as u64,
+                            };
+                            let new_sampler = ShardSampler::new(n, new_world, 0).unwrap();
+                            let p = new_sampler.redeal(at, old_world, batch).unwrap();
+                            if new_world == old_world {
+                                assert_eq!(p, at);
+                                continue;
+                            }
+                            assert_eq!(p.next_batch, 0);
+                            let new: BTreeSet<usize> = (0..new_world)
+                                .flat_map(|r| {
+                                    ShardSampler::new(n, new_world, r)
+                                        .unwrap()
+                                        .epoch_indices_from(0, p.start as usize)
+                                })
+                                .collect();
+                            let case = format!(
+                                "n {n}, {old_world} -> {new_world}, batch {batch}, start {start}, \
+                                 next_batch {next_batch}"
+                            );
+                            assert!(old.is_disjoint(&new), "{case}: a row visited twice");
+                            let all: BTreeSet<usize> = old.union(&new).copied().collect();
+                            assert_eq!(all, rest, "{case}: rows skipped");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -204,3 +204,22 @@ fn continue_without_ulfm_is_refused_naming_what_is_missing() {
         "{stderr}"
     );
 }
+
+/// A process that dies inside an iteration (after the ranks agreed on data): its peers meet the
+/// failure in the average or at the next iteration, revoke, shrink and go on from the
+/// checkpoint of that iteration's start.
+#[test]
+fn a_process_dying_inside_an_iteration_is_survived() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    // DiLoCo's outer steps (period 3 after warmup 2) fall in iterations 4, 7, 10, ...
+    let out = ulfm_job(4, &args(&run, 4, 12), "step@2:7");
+    assert!(out.status.success(), "{}", show(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("rank(s) [2] left at iteration 7: 3 workers continued from iteration 7"),
+        "{stdout}"
+    );
+    let (members, _) = final_params(&run);
+    assert_eq!(members, vec![0, 1, 3]);
+}

@@ -222,6 +222,77 @@ fn a_failure_inside_a_checkpoint_leaves_the_previous_one() {
     check_fault("local-sgd", 4, 2, "checkpoint@2:7", 8, 4);
 }
 
+/// A rank that fails inside an iteration, after the ranks agreed on data: its peers meet the
+/// failure in the gradient sync (DDP) or in the average (post-local SGD averages at 8), not at
+/// the iteration's start.
+#[test]
+fn a_failure_inside_an_iteration_is_survived_too() {
+    check_fault("ddp", 1, 2, "step@2:5", 5, 5);
+    check_fault("post-local-sgd", 1, 3, "step@3:8", 8, 8);
+}
+
+/// A run directory a finished job left behind: a new job (no `resume`) whose rank fails before
+/// it published a checkpoint of its own does not take up the old job's checkpoint; the
+/// survivors start over, and end as a fresh run of three workers does.
+#[test]
+fn survivors_never_take_up_another_jobs_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    localsgd(&args("local-sgd", &run, 4, 1, 9), None);
+    let mut a = args("local-sgd", &run, 4, 1, 14);
+    a.extend(["--on-rank-failure".into(), "continue".into()]);
+    let out = localsgd(&a, Some("panic@1:0"));
+    assert!(
+        out.contains("rank(s) [1] left at iteration 0: 3 workers continued from iteration 0"),
+        "{out}"
+    );
+    let fresh = dir.path().join("fresh");
+    localsgd(&args("local-sgd", &fresh, 3, 1, 14), None);
+    let (_, got) = final_params(&run, "local-sgd");
+    let (_, want) = final_params(&fresh, "local-sgd");
+    assert_eq!(got, want);
+}
+
+/// A run of `epochs` (no `steps`): the survivors' run ends with the epochs, counted in their
+/// own batches, as the resume on them does (the run's length is the iterations left).
+#[test]
+fn an_epoch_run_ends_with_its_epochs_after_a_failure() {
+    let epochs = |a: &mut Vec<String>| {
+        let i = a.iter().position(|x| x == "--steps").unwrap();
+        a.splice(i..i + 2, ["--epochs".to_string(), "2".to_string()]);
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("continue");
+    let mut a = args("local-sgd", &run, 4, 1, 0);
+    epochs(&mut a);
+    a.extend(["--on-rank-failure".into(), "continue".into()]);
+    localsgd(&a, Some("panic@2:4"));
+    let reference = dir.path().join("reference");
+    localsgd(&args("local-sgd", &reference, 4, 1, 4), None);
+    let mut b = args("local-sgd", &reference, 3, 1, 0);
+    epochs(&mut b);
+    b.extend([
+        "--resume".into(),
+        "true".into(),
+        "--resume-ranks".into(),
+        "0,1,3".into(),
+    ]);
+    localsgd(&b, None);
+    let summary = |d: &Path| -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(d.join("summary.json")).unwrap()).unwrap()
+    };
+    // 160 training rows; on 4 ranks 40 each, 3 batches of 16 per epoch: iterations 0-2 are
+    // epoch 0 and iteration 3 is epoch 1's first batch (64 of its rows dealt). The other 96
+    // rows go to the 3 survivors, 32 each, 2 batches: 4 + 2 = 6 iterations, then the epochs
+    // are done.
+    assert_eq!(summary(&run)["iterations"], 6);
+    assert_eq!(summary(&reference)["iterations"], 6);
+    assert_eq!(
+        final_params(&run, "epochs").1,
+        final_params(&reference, "epochs").1
+    );
+}
+
 #[test]
 fn two_failures_in_a_row_leave_two_workers() {
     let dir = tempfile::tempdir().unwrap();
