@@ -94,11 +94,11 @@ pub trait ProcessGroup: Send + Sync + Debug {
     ///   after each further failure).
     ///
     /// Backends: the thread backend; MPI with ULFM (Open MPI 5 under `mpirun --with-ft ulfm`).
-    /// Under MPI a shrink revokes every communicator of the process first (so even without a
-    /// failure the other groups of the process are unusable afterwards), a second shrink of one
-    /// group is [`CommError::InvalidConfig`], and a survivor that never calls it is ended by the
-    /// watchdog at the group timeout instead of a returned [`CommError::Timeout`]. The default
-    /// (NCCL) returns [`CommError::Unsupported`].
+    /// A second shrink of one group is [`CommError::InvalidConfig`] on both. Under MPI a shrink
+    /// revokes every communicator of the group's world first (so even without a failure the
+    /// other groups of that world are unusable afterwards), and a survivor that never calls it
+    /// is ended by the watchdog at the group timeout instead of a returned
+    /// [`CommError::Timeout`]. The default (NCCL) returns [`CommError::Unsupported`].
     fn shrink(&self) -> Result<Group, CommError> {
         Err(CommError::Unsupported {
             operation: "shrink",

@@ -1307,7 +1307,7 @@ pub fn run_rank(
             // Every rank is alive: the failure was not a lost rank after all.
             return Err(failure);
         }
-        let next = continue_point(&state, run_dir)?;
+        let next = continue_point(&state, &survivors, run_dir)?;
         tracing::warn!(
             ?left,
             world = members.len(),
@@ -1340,7 +1340,11 @@ pub fn run_rank(
 /// one of this job's (this rank's file in it: [`RankState::remember_checkpoint`]); the start
 /// when there is none, or when `latest` names another job's checkpoint (a run directory used
 /// before) that this job neither wrote nor resumed from.
-fn continue_point(state: &RankState, run_dir: Option<&Path>) -> Result<Start, RunError> {
+fn continue_point(
+    state: &RankState,
+    survivors: &Group,
+    run_dir: Option<&Path>,
+) -> Result<Start, RunError> {
     let dir = run_dir.ok_or_else(|| {
         RunError::Config(SettingError::new(
             "on-rank-failure",
@@ -1349,9 +1353,32 @@ fn continue_point(state: &RankState, run_dir: Option<&Path>) -> Result<Start, Ru
         ))
     })?;
     let latest = match crate::checkpoint::CheckpointDir::new(dir).latest_iterations() {
-        Ok(i) => i,
-        Err(CheckpointError::Missing(_)) => return Ok(Start::Fresh),
+        Ok(i) => Some(i),
+        Err(CheckpointError::Missing(_)) => None,
         Err(e) => return Err(e.into()),
+    };
+    // Every survivor must continue from the same checkpoint: a file system that shows the
+    // hosts different `latest` files (stale metadata caches) would part them.
+    let seen = survivors.all_gather_u64(&[latest.unwrap_or(u64::MAX)])?;
+    if seen.iter().any(|&s| s != seen[0]) {
+        let named: Vec<String> = seen
+            .iter()
+            .map(|&s| match s {
+                u64::MAX => "none".to_string(),
+                s => s.to_string(),
+            })
+            .collect();
+        return Err(RunError::Checkpoint(CheckpointError::Incompatible(
+            format!(
+                "the survivors see different latest checkpoints in {} (by rank: {}): the run \
+             directory must be on a file system that shows every rank the same files",
+                dir.display(),
+                named.join(", ")
+            ),
+        )));
+    }
+    let Some(latest) = latest else {
+        return Ok(Start::Fresh);
     };
     match state.checkpoints.iter().find(|&&(i, _)| i == latest) {
         Some(&(_, saved_rank)) => Ok(Start::ResumeFrom(saved_rank)),

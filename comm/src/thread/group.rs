@@ -266,7 +266,7 @@ impl ProcessGroup for ThreadGroup {
     /// group state; the new handles charge this handle's traffic counters (see the trait).
     ///
     /// One shrink per group: calling it again on this group (from this rank, after a shrink
-    /// formed or timed out) returns an error at once — [`CommError::Unsupported`] after a
+    /// formed or timed out) returns an error at once — [`CommError::InvalidConfig`] after a
     /// formed shrink, the same [`CommError::Timeout`] after a timed-out one. Shrink the
     /// returned group after a further failure. Does not queue behind collectives issued
     /// through this handle by other threads of this rank.

@@ -362,15 +362,11 @@ impl Rendezvous {
     }
 
     fn shrunk_already(&self) -> CommError {
-        CommError::Unsupported {
-            operation: "a second shrink of one group",
-            backend: "threads",
-            hint: format!(
-                "this rank already called shrink on group {:?} (one shrink per group); after a \
-                 further failure, shrink the group the first shrink returned",
-                self.world_ranks
-            ),
-        }
+        CommError::InvalidConfig(format!(
+            "group {:?} was shrunk already: this rank already called shrink on it (one shrink \
+             per group); after a further failure, shrink the group the first shrink returned",
+            self.world_ranks
+        ))
     }
 
     /// Returns true when this arrival completed the barrier.
