@@ -109,6 +109,46 @@ pub trait ProcessGroup: Send + Sync + Debug {
         })
     }
 
+    /// This group with new members at world ranks `ranks`, started by the backend to replace
+    /// ranks that failed (the way back after a [`shrink`](ProcessGroup::shrink)).
+    ///
+    /// - Collective over the current members, who all pass the same `ranks`: world ranks that
+    ///   are no member's (typically the ranks the shrink lost), each once, at least one. The
+    ///   backend starts one new process or thread per rank; each gets a handle on the grown
+    ///   group whose [`joined`](ProcessGroup::joined) is true, and takes part in the grown
+    ///   group's collectives from its first one on. What a new member runs, and how it learns
+    ///   the state it continues from (a broadcast from a live member, say), is the caller's.
+    /// - The grown group is ordered by world rank (a new member takes the position its world
+    ///   rank gives it); the members' [`host_id`](ProcessGroup::host_id)s carry over. The
+    ///   members' new handles charge this handle's traffic counters (as after a shrink); a
+    ///   new member's count from zero.
+    /// - Errors: [`CommError::InvalidConfig`] for a rank that is a member, repeated, or for an
+    ///   empty list, and when the members pass different lists; a failed peer or a timeout as
+    ///   for any collective.
+    ///
+    /// Backends: the thread backend, on a world run by
+    /// [`ThreadWorld::run_each`](crate::ThreadWorld::run_each) (or `run`), which starts the
+    /// new workers with the world's closure. The default (MPI, NCCL) returns
+    /// [`CommError::Unsupported`].
+    fn grow(&self, ranks: &[usize]) -> Result<Group, CommError> {
+        let _ = ranks;
+        Err(CommError::Unsupported {
+            operation: "grow",
+            backend: self.backend(),
+            hint: "replacing a failed rank in a running job needs the thread backend; with this \
+                   backend, the survivors continue without it, and a new job with `resume-ranks` \
+                   grows the world back from a checkpoint"
+                .into(),
+        })
+    }
+
+    /// Whether this rank was started by a [`grow`](ProcessGroup::grow) to join a running
+    /// world (a replacement), rather than with the world. Not collective. `false` unless a
+    /// backend knows better.
+    fn joined(&self) -> bool {
+        false
+    }
+
     /// Record `sig` in this group's traffic counters (and its ancestors'), for a collective run
     /// on this group's behalf on a [`dedicated`](ProcessGroup::dedicated) communicator.
     fn charge(&self, sig: &CallSignature);
@@ -202,6 +242,32 @@ pub trait GroupExt: ProcessGroup {
             *x = x.div_count(n);
         }
         self.all_reduce(T::buffer(buf), ReduceOp::Sum)
+    }
+    /// Replace `bytes` on every rank with the root's `bytes` (any length; the others' contents
+    /// and lengths do not matter). Two broadcasts: the length, then the bytes packed eight to
+    /// an `f64`'s bits (a broadcast copies bits unchanged, on every backend). For state handed
+    /// from one rank to the others: a live rank's checkpoint file to a replacement that
+    /// [`joined`](ProcessGroup::joined).
+    fn broadcast_bytes(&self, bytes: &mut Vec<u8>, root: usize) -> Result<(), CommError> {
+        let mut len = [bytes.len() as u64 as f64];
+        // Lengths up to 2^53 are exact in an f64.
+        self.broadcast_slice(&mut len, root)?;
+        let len = len[0] as usize;
+        let mut words: Vec<f64> = vec![0.0; len.div_ceil(8)];
+        if self.rank() == root {
+            for (w, chunk) in words.iter_mut().zip(bytes.chunks(8)) {
+                let mut b = [0u8; 8];
+                b[..chunk.len()].copy_from_slice(chunk);
+                *w = f64::from_bits(u64::from_le_bytes(b));
+            }
+        }
+        self.broadcast_slice(&mut words, root)?;
+        if self.rank() != root {
+            bytes.clear();
+            bytes.extend(words.iter().flat_map(|w| w.to_bits().to_le_bytes()));
+            bytes.truncate(len);
+        }
+        Ok(())
     }
     /// Whether every rank passed `true` (one small all-gather).
     fn all_true(&self, flag: bool) -> Result<bool, CommError> {

@@ -788,6 +788,23 @@ impl CheckpointDir {
         Ok((ckpt, saved))
     }
 
+    /// The bytes of saved rank `saved_rank`'s file of the latest checkpoint, checked as
+    /// [`load_rank_resized`](Self::load_rank_resized) checks it: what a live rank sends a
+    /// replacement, which continues from them with [`Checkpoints::resume_received`]. Returns
+    /// the bytes and the iterations the checkpoint holds.
+    pub fn latest_rank_bytes(
+        &self,
+        saved_rank: usize,
+        spec: &AlgorithmSpec,
+    ) -> Result<(Vec<u8>, u64), CheckpointError> {
+        let (dir, _, expected) = self.check_latest_resized(spec, &[saved_rank])?;
+        let path = dir.join(format!("rank-{saved_rank}.ckpt"));
+        let bytes = fs::read(&path).map_err(io(&path))?;
+        let ckpt = RankCheckpoint::decode(&path, &bytes)?;
+        check_identity(&dir, &ckpt.meta.identity, &expected)?;
+        Ok((bytes, ckpt.meta.iterations_done))
+    }
+
     /// Check, from the manifest alone, that a run of `spec` can continue the latest checkpoint
     /// on another number of ranks from `saved_ranks` (the settings match on the saving world,
     /// every saved rank exists). Returns the checkpoint's directory, the saving run's identity,

@@ -156,6 +156,16 @@ pub enum RankFailure {
     Abort,
     /// Shrink to the surviving ranks, go back to the last checkpoint and train on.
     Continue,
+    /// As `continue`, and start a replacement for each failed rank, which takes the failed
+    /// rank's state from a live rank: the world trains on at its full size (thread backend).
+    Replace,
+}
+
+impl RankFailure {
+    /// Whether the survivors of a failure train on (`continue`, `replace`).
+    pub fn survives(self) -> bool {
+        matches!(self, Self::Continue | Self::Replace)
+    }
 }
 
 /// Format of the per-step metrics file.
@@ -852,15 +862,19 @@ settings! {
         #[setting(type = "list of ranks")]
         #[arg(value_parser = parse_ranks, value_name = "R0,R1,...", allow_hyphen_values = true)]
         resume_ranks: Vec<usize> as Widths = vec![],
-        /// What the other ranks do when a rank fails during training: `abort` (end the job) or
-        /// `continue` (shrink to the survivors and train on).
+        /// What the other ranks do when a rank fails during training: `abort` (end the job),
+        /// `continue` (shrink to the survivors and train on) or `replace` (train on with a
+        /// replacement in the failed rank's place).
         ///
         /// With `continue` the survivors go back to the last published checkpoint and continue
         /// from it on their own, as a resume with `resume-ranks` naming them would (book: Fault
         /// tolerance). Needs `checkpoint-every` (the checkpoints are the recovery points; 1
         /// loses no iteration) and the thread backend, or MPI with ULFM (Open MPI 5, started
-        /// with `mpirun --with-ft ulfm`).
-        #[setting(type = "`abort` | `continue`")]
+        /// with `mpirun --with-ft ulfm`). With `replace` (thread backend) the survivors also
+        /// start a new worker per failed rank, which receives the failed rank's state of that
+        /// checkpoint from a live rank: the world goes on at full size, and the run ends as it
+        /// would have without the failure.
+        #[setting(type = "`abort` | `continue` | `replace`")]
         #[arg(value_enum)]
         on_rank_failure: RankFailure = RankFailure::Abort,
         /// All-reduce the loss across ranks every this many iterations; 0: never.
@@ -1235,11 +1249,15 @@ impl TrainConfig {
                 ));
             }
         }
-        if self.on_rank_failure == RankFailure::Continue {
+        if self.on_rank_failure.survives() {
+            let value = match self.on_rank_failure {
+                RankFailure::Replace => "replace",
+                _ => "continue",
+            };
             if self.backend == Backend::Nccl {
                 return Err(bad(
                     "on-rank-failure",
-                    "continue",
+                    value,
                     "`abort` with backend nccl: continuing after a rank failure needs the thread \
                      backend, or MPI with ULFM (`mpirun --with-ft ulfm`); resume the last \
                      checkpoint on the surviving ranks with `resume-ranks` instead",
@@ -1248,9 +1266,18 @@ impl TrainConfig {
             if self.checkpoint_every == 0 {
                 return Err(bad(
                     "on-rank-failure",
-                    "continue",
+                    value,
                     "`abort`, or set `checkpoint-every` too: the survivors continue from the last \
                      checkpoint (`checkpoint-every = 1` loses no iteration)",
+                ));
+            }
+            if self.on_rank_failure == RankFailure::Replace && self.backend == Backend::Mpi {
+                return Err(bad(
+                    "on-rank-failure",
+                    value,
+                    "`continue` with backend mpi: starting a replacement process needs the thread \
+                     backend; under MPI the survivors continue without the failed rank, and a new \
+                     job with `resume-ranks` grows the world back from a checkpoint",
                 ));
             }
         }

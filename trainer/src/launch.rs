@@ -177,8 +177,13 @@ pub(crate) fn report(cfg: &TrainConfig, outcome: &RankOutcome, dir: &Path) -> Re
         r0.iterations, cfg.workers, cfg.algorithm, cfg.backend, wall,
     );
     for change in membership {
+        let replaced = if change.joined.is_empty() {
+            String::new()
+        } else {
+            format!(", replaced by new workers {:?}", change.joined)
+        };
         println!(
-            "rank(s) {:?} left at iteration {}: {} workers continued from iteration {}{}",
+            "rank(s) {:?} left at iteration {}{replaced}: {} workers continued from iteration {}{}",
             change.left,
             change.detected_at,
             change.members.len(),

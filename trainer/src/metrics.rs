@@ -229,14 +229,15 @@ impl EvalWriter {
     }
 }
 
-/// The run directory's record of membership changes (`on-rank-failure = "continue"`), one row
+/// The run directory's record of membership changes (`on-rank-failure = "continue"` or
+/// `"replace"`), one row
 /// per change.
 pub const MEMBERSHIP_FILE: &str = "membership.csv";
 
 /// Append one membership change to `run_dir/membership.csv` (header first when the file is
 /// new) and sync it: `iteration` the new world continued from, `detected_at` the iteration the
-/// failure reached rank 0 in, `left` and `members` as ranks of the job's first world separated
-/// by spaces, `world_size` after the change, `recovery_seconds` until the new world's first
+/// failure reached rank 0 in, `left`, `joined` (replacements) and `members` as ranks of the
+/// job's first world separated by spaces, `world_size` after the change, `recovery_seconds` until the new world's first
 /// iteration.
 pub fn append_membership(
     run_dir: &Path,
@@ -251,13 +252,14 @@ pub fn append_membership(
     let ranks = |r: &[usize]| r.iter().map(usize::to_string).collect::<Vec<_>>().join(" ");
     let mut text = String::new();
     if new {
-        text.push_str("iteration,detected_at,left,world_size,members,recovery_seconds\n");
+        text.push_str("iteration,detected_at,left,joined,world_size,members,recovery_seconds\n");
     }
     text.push_str(&format!(
-        "{},{},{},{},{},{}\n",
+        "{},{},{},{},{},{},{}\n",
         change.iteration,
         change.detected_at,
         ranks(&change.left),
+        ranks(&change.joined),
         change.members.len(),
         ranks(&change.members),
         change

@@ -599,7 +599,7 @@ pub fn train_worker(
 }
 
 /// Where a rank's training starts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Start {
     /// From the model's initial weights, at iteration 0.
     Fresh,
@@ -608,6 +608,9 @@ enum Start {
     /// From saved rank `.0`'s file of the latest checkpoint, written by another number of ranks
     /// (`resume-ranks`, or the survivors of a rank failure).
     ResumeFrom(usize),
+    /// From saved rank `saved_rank`'s file of the latest checkpoint, received from a live rank
+    /// (a replacement of a failed rank: `on-rank-failure = "replace"`).
+    Received { bytes: Vec<u8>, saved_rank: usize },
 }
 
 impl Start {
@@ -673,9 +676,10 @@ impl RankState {
     }
 }
 
-/// A change of the ranks a run trains on: ranks that failed left, and the survivors went on
-/// from the last checkpoint (`on-rank-failure = "continue"`; book: Fault tolerance).
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+/// A change of the ranks a run trains on: ranks that failed left, replacements (if any)
+/// joined, and the new world went on from the last checkpoint (`on-rank-failure = "continue"`
+/// or `"replace"`; book: Fault tolerance).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct MembershipChange {
     /// The iteration the new world continues from: the last published checkpoint's (0 without
     /// one). Its averages and data are the new world's from here on.
@@ -684,6 +688,9 @@ pub struct MembershipChange {
     pub detected_at: u64,
     /// Ranks (of the job's first world) that left.
     pub left: Vec<usize>,
+    /// Ranks (of the job's first world) whose replacements joined (`replace`; empty with
+    /// `continue`).
+    pub joined: Vec<usize>,
     /// Ranks (of the job's first world) of the new world, in its rank order.
     pub members: Vec<usize>,
     /// Seconds from the failure reaching this rank to the new world's first completed
@@ -722,7 +729,7 @@ fn train_from(
     let identity = run_identity(&spec, world).with_members(group.world_ranks());
     let checkpoints = run_dir.map(|dir| Checkpoints::new(dir, identity));
     let mut pipeline = build_pipeline(cfg, &spec, &group, checkpoints.as_ref())?;
-    let (mut model, position, resume_done, saved_world) = match (start, &checkpoints) {
+    let (mut model, position, resume_done, saved_world) = match (&start, &checkpoints) {
         (Start::Fresh, _) => (model, DataPosition::default(), None, world),
         (_, None) => {
             return Err(CheckpointError::Missing(Path::new("(no run directory)").into()).into());
@@ -731,7 +738,10 @@ fn train_from(
             let optimizer = optimizer(cfg)?;
             let r = match start {
                 Start::ResumeFrom(saved) => {
-                    c.resume_from(saved, &spec, model, optimizer, &mut pipeline)
+                    c.resume_from(*saved, &spec, model, optimizer, &mut pipeline)
+                }
+                Start::Received { bytes, .. } => {
+                    c.resume_received(bytes, &spec, model, optimizer, &mut pipeline)
                 }
                 _ => c.resume(rank, model, optimizer, &mut pipeline),
             }
@@ -746,7 +756,10 @@ fn train_from(
     }
     if let Some(done) = resume_done {
         let saved_rank = match start {
-            Start::ResumeFrom(saved) => saved,
+            Start::ResumeFrom(saved)
+            | Start::Received {
+                saved_rank: saved, ..
+            } => saved,
             _ => rank,
         };
         state.remember_checkpoint(done, saved_rank);
@@ -1281,12 +1294,16 @@ pub fn run_rank(
     fixed.warmup_epochs = None;
     let cfg = &fixed;
     let mut group = group;
-    let mut start = Start::configured(cfg, group.rank());
+    let mut start = if group.joined() {
+        receive_handover(&group, &mut state)?
+    } else {
+        Start::configured(cfg, group.rank())
+    };
     let result = loop {
         let traffic_before = group.traffic();
         let failure = match train_from(cfg, group.clone(), data, run_dir, start, &mut state) {
             Ok(result) => break result,
-            Err(e) if cfg.on_rank_failure == RankFailure::Continue && is_peer_failure(&e) => e,
+            Err(e) if cfg.on_rank_failure.survives() && is_peer_failure(&e) => e,
             Err(e) => return Err(e),
         };
         state.traffic += group.traffic() - traffic_before;
@@ -1308,22 +1325,36 @@ pub fn run_rank(
             return Err(failure);
         }
         let next = continue_point(&state, &survivors, run_dir)?;
+        let (next_group, joined) = if cfg.on_rank_failure == RankFailure::Replace {
+            (survivors.grow(&left)?, left.clone())
+        } else {
+            (survivors, Vec::new())
+        };
         tracing::warn!(
             ?left,
-            world = members.len(),
-            "a rank failed ({failure}); the survivors continue from the last checkpoint"
+            ?joined,
+            world = next_group.size(),
+            "a rank failed ({failure}); the world continues from the last checkpoint"
         );
         state.membership.push(MembershipChange {
             // Set when the new world has resumed (0: no checkpoint, the start).
             iteration: 0,
             detected_at: state.iteration,
             left,
-            members,
+            joined,
+            members: next_group.world_ranks().to_vec(),
             recovery_seconds: None,
         });
         state.recovering = Some(detected);
+        if !state.membership[state.membership.len() - 1]
+            .joined
+            .is_empty()
+        {
+            let spec = cfg.algorithm_spec()?;
+            send_handover(&next_group, &state, &next, &spec, run_dir)?;
+        }
         start = next;
-        group = survivors;
+        group = next_group;
     };
     let mut wall = [started.elapsed().as_secs_f64()];
     group.all_reduce_slice(&mut wall, localsgd_comm::ReduceOp::Max)?;
@@ -1334,6 +1365,134 @@ pub fn run_rank(
         wall_seconds: wall[0],
         membership: state.membership,
     })
+}
+
+/// What a live rank hands a replacement that joined the world (`on-rank-failure = "replace"`),
+/// besides the rank file it continues from.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Handover {
+    /// The saved rank whose file of the latest checkpoint follows (`None`: the world starts
+    /// over from the initial weights, there being no checkpoint of this job).
+    saved_rank: Option<usize>,
+    /// Iterations the old world had completed when the failure reached it: the replaced
+    /// rank's injected faults up to there have happened.
+    detected_at: u64,
+    /// The run's membership changes so far, this one last.
+    membership: Vec<MembershipChange>,
+}
+
+/// The live ranks' side of a replacement joining `grown` (collective over it, with
+/// [`receive_handover`] on the new ranks): the lowest live rank sends each new rank, in rank
+/// order, a [`Handover`] and the file of the latest checkpoint it continues from: its
+/// predecessor's (the saved rank that held its rank of the job's first world), or when the
+/// saving world had no such rank, a copy of the sender's own.
+fn send_handover(
+    grown: &Group,
+    state: &RankState,
+    next: &Start,
+    spec: &localsgd_pipeline::algorithm::AlgorithmSpec,
+    run_dir: Option<&Path>,
+) -> Result<(), RunError> {
+    let (joined, root) = handover_layout(grown, state.iteration)?;
+    for &new in &joined {
+        let mut payload = Vec::new();
+        if grown.rank() == root {
+            let saved_rank = match (next, run_dir) {
+                (Start::ResumeFrom(own), Some(dir)) => {
+                    let ckpt = crate::checkpoint::CheckpointDir::new(dir);
+                    let (_, saved) = ckpt.latest_identity()?;
+                    let job_rank = grown.world_ranks()[new];
+                    Some(
+                        saved
+                            .member_ranks()
+                            .iter()
+                            .position(|&m| m == job_rank)
+                            .unwrap_or(*own),
+                    )
+                }
+                _ => None,
+            };
+            let handover = Handover {
+                saved_rank,
+                detected_at: state.iteration,
+                membership: state.membership.clone(),
+            };
+            let header = serde_json::to_vec(&handover).map_err(|e| {
+                RunError::Config(SettingError::new(
+                    "on-rank-failure",
+                    "replace",
+                    e.to_string(),
+                ))
+            })?;
+            payload.extend_from_slice(&(header.len() as u64).to_le_bytes());
+            payload.extend_from_slice(&header);
+            if let (Some(saved_rank), Some(dir)) = (saved_rank, run_dir) {
+                let (bytes, _) = crate::checkpoint::CheckpointDir::new(dir)
+                    .latest_rank_bytes(saved_rank, spec)?;
+                payload.extend_from_slice(&bytes);
+            }
+        }
+        grown.broadcast_bytes(&mut payload, root)?;
+    }
+    Ok(())
+}
+
+/// A replacement's side of [`send_handover`]: where it starts (the file it received, or the
+/// start), and the run's state it takes over (membership changes; its predecessor's injected
+/// faults that already happened are dropped).
+fn receive_handover(grown: &Group, state: &mut RankState) -> Result<Start, RunError> {
+    let (joined, root) = handover_layout(grown, 0)?;
+    let mut mine = None;
+    for &new in &joined {
+        let mut payload = Vec::new();
+        grown.broadcast_bytes(&mut payload, root)?;
+        if new == grown.rank() {
+            mine = Some(payload);
+        }
+    }
+    let bad = |why: &str| {
+        RunError::Checkpoint(CheckpointError::Incompatible(format!(
+            "the state a live rank handed this replacement is unreadable: {why}"
+        )))
+    };
+    let payload = mine.ok_or_else(|| bad("no handover for this rank"))?;
+    let header_len = payload
+        .get(..8)
+        .and_then(|b| <[u8; 8]>::try_from(b).ok())
+        .map(u64::from_le_bytes)
+        .ok_or_else(|| bad("shorter than its header"))? as usize;
+    let header = payload
+        .get(8..8 + header_len)
+        .ok_or_else(|| bad("shorter than its header"))?;
+    let handover: Handover = serde_json::from_slice(header).map_err(|e| bad(&e.to_string()))?;
+    let job_rank = grown.world_ranks()[grown.rank()];
+    state
+        .faults
+        .retain(|f| !(f.rank == job_rank && f.iteration <= handover.detected_at));
+    state.membership = handover.membership;
+    state.recovering = Some(Instant::now());
+    Ok(match handover.saved_rank {
+        Some(saved_rank) => Start::Received {
+            bytes: payload[8 + header_len..].to_vec(),
+            saved_rank,
+        },
+        None => Start::Fresh,
+    })
+}
+
+/// The new ranks of a grown world (group ranks, ascending) and the live rank that hands them
+/// their state (the lowest rank that did not join). Collective.
+fn handover_layout(grown: &Group, iteration: u64) -> Result<(Vec<usize>, usize), RunError> {
+    let flags = grown.all_gather_u64(&[u64::from(grown.joined()), iteration])?;
+    let joined: Vec<usize> = (0..grown.size()).filter(|&r| flags[2 * r] == 1).collect();
+    let root = (0..grown.size())
+        .find(|&r| flags[2 * r] == 0)
+        .ok_or_else(|| {
+            RunError::Comm(CommError::InvalidConfig(
+                "a grown world without a live rank to hand the replacements their state".into(),
+            ))
+        })?;
+    Ok((joined, root))
 }
 
 /// Where the survivors continue after a rank failure: the last published checkpoint, if it is
@@ -1444,7 +1603,7 @@ pub fn train_threads(
             .and_then(|r| r)
         })
         .collect();
-    if cfg.on_rank_failure == RankFailure::Continue && results.iter().any(Result::is_ok) {
+    if cfg.on_rank_failure.survives() && results.iter().any(Result::is_ok) {
         let mut ok = Vec::new();
         for r in results {
             match r {
@@ -1455,7 +1614,7 @@ pub fn train_threads(
         ok.sort_by_key(|o| o.result.rank);
         return Ok(ok);
     }
-    if cfg.on_rank_failure == RankFailure::Continue {
+    if cfg.on_rank_failure.survives() {
         // No rank finished: the survivors' own reason to stop (a level that no longer fits
         // their world, say) is the root cause, not the failure they survived.
         let mut results = results;

@@ -27,6 +27,8 @@ pub struct ThreadGroup {
     /// communicator's queue): each still enters the group in the order it got the lock, so ranks
     /// whose threads interleave differently get a mismatch error, never a corrupted barrier.
     issue: Mutex<()>,
+    /// Whether a [`grow`](ProcessGroup::grow) started this rank to join a running world.
+    joined: bool,
 }
 
 impl fmt::Debug for ThreadGroup {
@@ -52,6 +54,7 @@ impl ThreadGroup {
             traffic,
             splits: AtomicU64::new(0),
             issue: Mutex::new(()),
+            joined: false,
         }
     }
 
@@ -157,7 +160,7 @@ impl ThreadGroup {
                     .map(|&r| self.shared.world_ranks[r])
                     .collect();
                 (
-                    Arc::new(Rendezvous::new(world, self.shared.timeout)),
+                    Arc::new(Rendezvous::new(world, self.shared.timeout, None)),
                     members.len(),
                 )
             });
@@ -174,6 +177,95 @@ impl ThreadGroup {
             shared,
             Arc::new(hosts),
             traffic,
+        )))
+    }
+}
+
+impl ThreadGroup {
+    /// [`ProcessGroup::grow`] on this backend (see the trait's documentation; the new workers
+    /// run the closure of [`ThreadWorld::run_each`](super::ThreadWorld::run_each)).
+    fn grow_into(&self, ranks: &[usize]) -> Result<Group, CommError> {
+        let spawner = self
+            .shared
+            .spawner
+            .clone()
+            .ok_or_else(|| CommError::Unsupported {
+                operation: "grow",
+                backend: "threads",
+                hint: "only a world run by ThreadWorld::run (or run_each) can start new workers; \
+                   groups taken with ThreadWorld::groups cannot grow"
+                    .into(),
+            })?;
+        let current = &self.shared.world_ranks;
+        let mut sorted = ranks.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        if ranks.is_empty()
+            || sorted.len() != ranks.len()
+            || ranks.iter().any(|r| current.contains(r))
+        {
+            return Err(CommError::InvalidConfig(format!(
+                "grow needs new world ranks, each once, none of them a member of the group \
+                 {current:?}: got {ranks:?}"
+            )));
+        }
+        // Every member must add the same ranks: gather them and compare (a different count
+        // is the collective's own mismatch).
+        let wanted: Vec<u64> = ranks.iter().map(|&r| r as u64).collect();
+        let all = self.all_gather_u64(&wanted)?;
+        if let Some(other) = all.chunks(wanted.len()).find(|c| *c != wanted.as_slice()) {
+            return Err(CommError::InvalidConfig(format!(
+                "grow: the members of {current:?} add different ranks ({ranks:?} here, {other:?} \
+                 on a peer): every member must pass the same list"
+            )));
+        }
+        let mut world: Vec<usize> = current.iter().chain(ranks).copied().collect();
+        world.sort_unstable();
+        let host = |r: usize| spawner.hosts.get(r).copied().unwrap_or(0);
+        let hosts = Arc::new(world.iter().map(|&r| host(r)).collect::<Vec<u64>>());
+        let seq = self.splits.fetch_add(1, Ordering::Relaxed);
+        let (shared, created) = {
+            let mut registry = self
+                .shared
+                .registry
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            // A color no split uses at this sequence number (each number is one split or grow).
+            let key = (seq, u64::MAX);
+            let created = !registry.contains_key(&key);
+            let entry = registry.entry(key).or_insert_with(|| {
+                let shared =
+                    Rendezvous::new(world.clone(), self.shared.timeout, Some(spawner.clone()));
+                (Arc::new(shared), current.len())
+            });
+            let shared = entry.0.clone();
+            entry.1 -= 1;
+            if entry.1 == 0 {
+                registry.remove(&key);
+            }
+            (shared, created)
+        };
+        if created {
+            let tx = spawner.tx.lock().unwrap_or_else(|e| e.into_inner());
+            for &r in ranks {
+                let rank = world.iter().position(|&w| w == r).unwrap_or(0);
+                let mut joiner =
+                    ThreadGroup::new(rank, shared.clone(), hosts.clone(), TrafficChain::root());
+                joiner.joined = true;
+                // The receiver lives as long as any worker of the world; if it is gone, the
+                // handle is dropped here and the members see the rank leave.
+                let _ = tx.send(joiner);
+            }
+        }
+        let rank = world
+            .iter()
+            .position(|&w| w == current[self.rank])
+            .ok_or_else(|| CommError::InvalidConfig("rank missing from its own grow".into()))?;
+        Ok(Arc::new(ThreadGroup::new(
+            rank,
+            shared,
+            hosts,
+            self.traffic.clone(),
         )))
     }
 }
@@ -279,6 +371,20 @@ impl ProcessGroup for ThreadGroup {
             Arc::new(hosts),
             self.traffic.clone(),
         )))
+    }
+
+    /// Every member adds the same `ranks` (checked with one all-gather); the world's
+    /// [`run_each`](super::ThreadWorld::run_each) starts one worker thread per new rank, which
+    /// runs the world's closure with its handle on the grown group ([`joined`](Self::joined):
+    /// true). Only a world run by `run`/`run_each` (and the groups its shrinks and grows
+    /// return) can grow: elsewhere [`CommError::Unsupported`]. The new group waits for the new
+    /// workers at its first collective, within the group timeout.
+    fn grow(&self, ranks: &[usize]) -> Result<Group, CommError> {
+        self.grow_into(ranks)
+    }
+
+    fn joined(&self) -> bool {
+        self.joined
     }
 
     fn charge(&self, sig: &CallSignature) {

@@ -34,9 +34,9 @@ mod rendezvous;
 pub use group::ThreadGroup;
 
 use crate::error::CommError;
-use crate::group::Group;
+use crate::group::{Group, ProcessGroup};
 use crate::traffic::TrafficChain;
-use rendezvous::Rendezvous;
+use rendezvous::{Rendezvous, Spawner};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -143,9 +143,18 @@ impl ThreadWorld {
         Ok(self)
     }
 
-    /// One world-group handle per rank, in rank order. Hand each to its own thread.
+    /// One world-group handle per rank, in rank order. Hand each to its own thread. (These
+    /// groups cannot [`grow`](crate::ProcessGroup::grow): nothing would start the new workers.)
     pub fn groups(&self) -> Vec<ThreadGroup> {
-        let shared = Arc::new(Rendezvous::new((0..self.size).collect(), self.timeout));
+        self.groups_with(None)
+    }
+
+    fn groups_with(&self, spawner: Option<Arc<Spawner>>) -> Vec<ThreadGroup> {
+        let shared = Arc::new(Rendezvous::new(
+            (0..self.size).collect(),
+            self.timeout,
+            spawner,
+        ));
         let hosts = Arc::new(self.hosts.clone());
         (0..self.size)
             .map(|rank| ThreadGroup::new(rank, shared.clone(), hosts.clone(), TrafficChain::root()))
@@ -167,8 +176,12 @@ impl ThreadWorld {
     }
 
     /// Run `f` on every worker thread with its world group, like [`run`](Self::run), and return
-    /// every rank's own outcome in rank order: [`WorkerPanicked`] for a rank that panicked (or
-    /// whose thread could not be spawned), its result for every other rank.
+    /// every worker's own outcome: [`WorkerPanicked`] for a worker that panicked (or whose
+    /// thread could not be spawned), its result for every other one. The first
+    /// [`size`](Self::size) outcomes are the world's workers in rank order; after them come the
+    /// workers a [`grow`](crate::ProcessGroup::grow) started (replacements of failed ranks,
+    /// running `f` with a handle whose [`joined`](crate::ProcessGroup::joined) is true), in the
+    /// order they started. Returns once every worker, started or added, has finished.
     ///
     /// ```
     /// use localsgd_comm::{ProcessGroup, ThreadWorld};
@@ -187,21 +200,45 @@ impl ThreadWorld {
         F: Fn(Group) -> R + Sync,
         R: Send,
     {
-        let groups = self.groups();
+        let (tx, rx) = std::sync::mpsc::channel::<WorkerEnded>();
+        let (grow_tx, grow_rx) = std::sync::mpsc::channel::<ThreadGroup>();
+        let spawner = Arc::new(Spawner {
+            tx: std::sync::Mutex::new(grow_tx),
+            hosts: self.hosts.clone(),
+        });
+        let groups = self.groups_with(Some(spawner));
         let f = &f;
         std::thread::scope(|scope| {
-            let handles: Vec<_> = groups
-                .into_iter()
-                .enumerate()
-                .map(|(rank, g)| {
-                    std::thread::Builder::new()
-                        .name(format!("localsgd-rank-{rank}"))
-                        .spawn_scoped(scope, move || f(Arc::new(g)))
-                })
-                .collect();
+            // Each worker reports its end (also while unwinding) so this thread knows when no
+            // worker is left that could still grow the world.
+            let start = |g: ThreadGroup, tx: std::sync::mpsc::Sender<WorkerEnded>| {
+                let rank = g.world_ranks()[g.rank()];
+                let spawned = std::thread::Builder::new()
+                    .name(format!("localsgd-rank-{rank}"))
+                    .spawn_scoped(scope, move || {
+                        let _done = ReportEnd(tx);
+                        f(Arc::new(g))
+                    });
+                (rank, spawned)
+            };
+            let mut handles: Vec<_> = groups.into_iter().map(|g| start(g, tx.clone())).collect();
+            let mut running = handles.iter().filter(|(_, h)| h.is_ok()).count();
+            // Ends of workers and handles of added workers arrive on two channels; poll both
+            // (a grow is rare, so a short sleep between polls costs nothing measurable).
+            while running > 0 {
+                while let Ok(g) = grow_rx.try_recv() {
+                    let (rank, h) = start(g, tx.clone());
+                    running += usize::from(h.is_ok());
+                    handles.push((rank, h));
+                }
+                match rx.recv_timeout(Duration::from_millis(5)) {
+                    Ok(WorkerEnded) => running -= 1,
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+                }
+            }
             handles
                 .into_iter()
-                .enumerate()
                 .map(|(rank, h)| {
                     let joined = match h {
                         Ok(h) => h.join().map_err(|payload| panic_message(payload.as_ref())),
@@ -211,6 +248,18 @@ impl ThreadWorld {
                 })
                 .collect()
         })
+    }
+}
+
+/// A worker's end, as reported to [`ThreadWorld::run_each`].
+struct WorkerEnded;
+
+/// Sends [`WorkerEnded`] when dropped: at the worker's return or unwinding.
+struct ReportEnd(std::sync::mpsc::Sender<WorkerEnded>);
+
+impl Drop for ReportEnd {
+    fn drop(&mut self) {
+        let _ = self.0.send(WorkerEnded);
     }
 }
 

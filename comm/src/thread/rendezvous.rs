@@ -91,11 +91,22 @@ fn spin_until(done: impl Fn() -> bool) -> bool {
     false
 }
 
+/// Starts the workers a [`grow`](crate::ProcessGroup::grow) adds: the channel to the thread
+/// of [`ThreadWorld::run_each`](super::ThreadWorld::run_each) that runs the world's closure on
+/// each handle it receives, and the world's host ids (by world rank) for the new members.
+pub(crate) struct Spawner {
+    pub tx: Mutex<std::sync::mpsc::Sender<super::group::ThreadGroup>>,
+    pub hosts: Vec<u64>,
+}
+
 /// Shared by all ranks of one thread group.
 pub(crate) struct Rendezvous {
     pub size: usize,
     pub world_ranks: Vec<usize>,
     pub timeout: Duration,
+    /// Set on the world group of a world run by `run_each` (and the groups that replace it:
+    /// shrunk and grown), `None` elsewhere: which groups can grow.
+    pub spawner: Option<Arc<Spawner>>,
     slots: Vec<Mutex<Option<Slot>>>,
     state: Mutex<BarrierState>,
     generation: AtomicU64,
@@ -111,12 +122,13 @@ pub(crate) struct Rendezvous {
 const SPIN_LIMIT: u32 = 2_000;
 
 impl Rendezvous {
-    pub fn new(world_ranks: Vec<usize>, timeout: Duration) -> Self {
+    pub fn new(world_ranks: Vec<usize>, timeout: Duration, spawner: Option<Arc<Spawner>>) -> Self {
         let size = world_ranks.len();
         Self {
             size,
             world_ranks,
             timeout,
+            spawner,
             slots: (0..size).map(|_| Mutex::new(None)).collect(),
             state: Mutex::new(BarrierState {
                 generation: 0,
@@ -314,7 +326,11 @@ impl Rendezvous {
         let world = members.iter().map(|&r| self.world_ranks[r]).collect();
         st.shrink.outcome = Some(ShrinkOutcome::Formed {
             unclaimed: members.len(),
-            shared: Some(Arc::new(Rendezvous::new(world, self.timeout))),
+            shared: Some(Arc::new(Rendezvous::new(
+                world,
+                self.timeout,
+                self.spawner.clone(),
+            ))),
             members,
         });
         self.shrink_done.store(true, Ordering::Release);

@@ -204,3 +204,34 @@ fn a_thread_world_larger_than_the_machine_allows_is_refused() {
         "{err}"
     );
 }
+
+#[test]
+fn broadcast_bytes_hands_any_length_over_bit_for_bit() {
+    // Lengths around the 8-byte packing, and bytes that are NaN patterns as f64 words
+    // (0xff..: a signaling-NaN-like word must arrive unchanged).
+    for len in [0usize, 1, 7, 8, 9, 13, 64, 1001] {
+        let sent: Vec<u8> = (0..len)
+            .map(|i| {
+                if i % 5 == 0 {
+                    0xff
+                } else {
+                    (i * 37 % 251) as u8
+                }
+            })
+            .collect();
+        let out = ThreadWorld::new(3)
+            .unwrap()
+            .run(|g| {
+                let mut bytes = if g.rank() == 1 {
+                    sent.clone()
+                } else {
+                    vec![0xaa; 5]
+                };
+                g.broadcast_bytes(&mut bytes, 1).map(|_| bytes)
+            })
+            .unwrap();
+        for got in out {
+            assert_eq!(got.unwrap(), sent, "length {len}");
+        }
+    }
+}

@@ -5,6 +5,7 @@ mod codec;
 mod collectives;
 mod failures;
 mod gather_bytes;
+mod grow;
 mod mpi;
 mod nccl;
 mod nccl_stand_in;

@@ -243,6 +243,30 @@ impl Checkpoints {
         self.restore(ckpt, saved, model, optimizer, pipeline)
     }
 
+    /// Continue from a rank file a live rank sent ([`CheckpointDir::latest_rank_bytes`]'s
+    /// bytes): a replacement that joined a running world takes that saved rank's state, as
+    /// [`resume_from`](Self::resume_from) takes it from disk. The file must carry `spec`'s
+    /// settings on the world that saved it ([`AlgorithmSpec::for_world`]); its world size may
+    /// differ from this run's.
+    ///
+    /// [`CheckpointError::Incompatible`] for another run's file or another model's shapes;
+    /// [`CheckpointError::Restore`] when the pipeline refuses the saved states.
+    pub fn resume_received<M: Module>(
+        &self,
+        bytes: &[u8],
+        spec: &AlgorithmSpec,
+        model: M,
+        optimizer: ModuleOptimizer,
+        pipeline: &mut Pipeline<M>,
+    ) -> Result<Resumed<M>, CheckpointError> {
+        let source = Path::new("(a rank file received from a peer)");
+        let ckpt = RankCheckpoint::decode(source, bytes)?;
+        let saved = ckpt.meta.identity.clone();
+        let expected = RunIdentity::from_spec(&spec.for_world(saved.world_size), saved.world_size);
+        super::check_identity(source, &saved, &expected)?;
+        self.restore(ckpt, saved, model, optimizer, pipeline)
+    }
+
     fn restore<M: Module>(
         &self,
         ckpt: RankCheckpoint,

@@ -32,4 +32,5 @@ mod plot;
 mod pytorch_reference;
 mod race;
 mod rank_failure;
+mod rank_replacement;
 mod resume;

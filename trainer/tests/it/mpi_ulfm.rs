@@ -157,7 +157,7 @@ fn a_killed_rank_leaves_and_the_survivors_match_the_thread_run() {
         membership
             .lines()
             .nth(1)
-            .is_some_and(|l| l.starts_with(&format!("{at},{at},{failed},3,"))),
+            .is_some_and(|l| l.starts_with(&format!("{at},{at},{failed},,3,"))),
         "{membership}"
     );
 }

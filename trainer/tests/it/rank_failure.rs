@@ -13,7 +13,13 @@ use std::process::Command;
 /// `every` iterations, 14 iterations (200 rows: 160 for training, 40 per rank and epoch at 4
 /// workers, 54 at 3: 3 and 4 batches of 16, so the failures fall mid-epoch and the survivors'
 /// epochs are dealt again).
-fn args(algorithm: &str, run: &Path, workers: usize, every: u64, steps: u64) -> Vec<String> {
+pub(crate) fn args(
+    algorithm: &str,
+    run: &Path,
+    workers: usize,
+    every: u64,
+    steps: u64,
+) -> Vec<String> {
     let mut a: Vec<String> = [
         "train",
         "--algorithm",
@@ -67,7 +73,7 @@ fn args(algorithm: &str, run: &Path, workers: usize, every: u64, steps: u64) -> 
     a
 }
 
-fn localsgd(args: &[String], fault: Option<&str>) -> String {
+pub(crate) fn localsgd(args: &[String], fault: Option<&str>) -> String {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_localsgd"));
     cmd.args(args).env_remove("LOCALSGD_FAULT");
     if let Some(f) = fault {
@@ -87,7 +93,7 @@ fn localsgd(args: &[String], fault: Option<&str>) -> String {
 }
 
 /// Every rank's parameters in the run's latest checkpoint (its final state), as bits.
-fn final_params(run: &Path, algorithm: &str) -> (RunIdentity, Vec<Vec<u32>>) {
+pub(crate) fn final_params(run: &Path, algorithm: &str) -> (RunIdentity, Vec<Vec<u32>>) {
     let dir = CheckpointDir::new(run);
     let (_, saved) = dir.latest_identity().unwrap();
     let params = (0..saved.world_size)
@@ -166,7 +172,7 @@ fn check_fault(algorithm: &str, every: u64, failed: usize, fault: &str, at: u64,
     let remaining: Vec<String> = survivors.iter().map(usize::to_string).collect();
     assert!(
         rows[1].starts_with(&format!(
-            "{resumed_at},{at},{failed},3,{},",
+            "{resumed_at},{at},{failed},,3,{},",
             remaining.join(" ")
         )),
         "{algorithm}: {membership}"
@@ -328,6 +334,8 @@ fn continue_is_refused_without_checkpoints_or_on_nccl() {
             match *e {
                 "no-checkpoints" => cfg.checkpoint_every = 0,
                 "nccl" => cfg.backend = localsgd_trainer::config::Backend::Nccl,
+                "mpi" => cfg.backend = localsgd_trainer::config::Backend::Mpi,
+                "replace" => cfg.on_rank_failure = localsgd_trainer::config::RankFailure::Replace,
                 _ => unreachable!(),
             }
         }
@@ -341,6 +349,16 @@ fn continue_is_refused_without_checkpoints_or_on_nccl() {
     let e = bad(&["nccl"]);
     assert!(
         e.contains("on-rank-failure") && e.contains("backend nccl") && e.contains("ULFM"),
+        "{e}"
+    );
+    let e = bad(&["replace", "no-checkpoints"]);
+    assert!(
+        e.contains("= replace") && e.contains("checkpoint-every"),
+        "{e}"
+    );
+    let e = bad(&["replace", "mpi"]);
+    assert!(
+        e.contains("= replace") && e.contains("backend mpi") && e.contains("resume-ranks"),
         "{e}"
     );
 }
