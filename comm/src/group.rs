@@ -128,16 +128,18 @@ pub trait ProcessGroup: Send + Sync + Debug {
     ///
     /// Backends: the thread backend, on a world run by
     /// [`ThreadWorld::run_each`](crate::ThreadWorld::run_each) (or `run`), which starts the
-    /// new workers with the world's closure. The default (MPI, NCCL) returns
+    /// new workers with the world's closure; MPI, which starts this program again with this
+    /// process's arguments (`MPI_Comm_spawn`; the job needs free slots, `mpirun
+    /// --oversubscribe`), its new processes finding their place in
+    /// `MpiWorld::init`. The default (NCCL) returns
     /// [`CommError::Unsupported`].
     fn grow(&self, ranks: &[usize]) -> Result<Group, CommError> {
         let _ = ranks;
         Err(CommError::Unsupported {
             operation: "grow",
             backend: self.backend(),
-            hint: "replacing a failed rank in a running job needs the thread backend; with this \
-                   backend, the survivors continue without it, and a new job with `resume-ranks` \
-                   grows the world back from a checkpoint"
+            hint: "replacing a failed rank in a running job needs the thread or MPI backend; \
+                   with this backend, restart the job and resume its last checkpoint"
                 .into(),
         })
     }
@@ -198,6 +200,46 @@ pub fn validate_subgroup_size(size: usize, group_size: usize) -> Result<(), Comm
     if !group_size.is_multiple_of(size) {
         return Err(CommError::InvalidSubgroupSize(format!(
             "group size {group_size} must be divisible by subgroup size {size}"
+        )));
+    }
+    Ok(())
+}
+
+/// Check the world ranks a [`grow`](ProcessGroup::grow) of a group with world ranks `current`
+/// adds: at least one, none twice, none a member ([`CommError::InvalidConfig`] otherwise).
+pub(crate) fn validate_grow(current: &[usize], ranks: &[usize]) -> Result<(), CommError> {
+    let mut sorted = ranks.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    if ranks.is_empty() || sorted.len() != ranks.len() || ranks.iter().any(|r| current.contains(r))
+    {
+        return Err(CommError::InvalidConfig(format!(
+            "grow needs new world ranks, each once, none of them a member of the group \
+             {current:?}: got {ranks:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// Check that every member of `group` passes the same `ranks` to a grow (one all-gather; a
+/// different count is the collective's own mismatch, or a wrong-length gather).
+pub(crate) fn check_same_grow<G: ProcessGroup + ?Sized>(
+    group: &G,
+    ranks: &[usize],
+) -> Result<(), CommError> {
+    let wanted: Vec<u64> = ranks.iter().map(|&r| r as u64).collect();
+    let all = group.all_gather_u64(&wanted)?;
+    if all.len() != wanted.len() * group.size() {
+        return Err(CommError::InvalidConfig(format!(
+            "grow: the members of {:?} add different numbers of ranks",
+            group.world_ranks()
+        )));
+    }
+    if let Some(other) = all.chunks(wanted.len()).find(|c| *c != wanted.as_slice()) {
+        return Err(CommError::InvalidConfig(format!(
+            "grow: the members of {:?} add different ranks ({ranks:?} here, {other:?} on a \
+             peer): every member must pass the same list",
+            group.world_ranks()
         )));
     }
     Ok(())

@@ -157,7 +157,7 @@ pub enum RankFailure {
     /// Shrink to the surviving ranks, go back to the last checkpoint and train on.
     Continue,
     /// As `continue`, and start a replacement for each failed rank, which takes the failed
-    /// rank's state from a live rank: the world trains on at its full size (thread backend).
+    /// rank's state from a live rank: the world trains on at its full size.
     Replace,
 }
 
@@ -870,10 +870,11 @@ settings! {
         /// from it on their own, as a resume with `resume-ranks` naming them would (book: Fault
         /// tolerance). Needs `checkpoint-every` (the checkpoints are the recovery points; 1
         /// loses no iteration) and the thread backend, or MPI with ULFM (Open MPI 5, started
-        /// with `mpirun --with-ft ulfm`). With `replace` (thread backend) the survivors also
-        /// start a new worker per failed rank, which receives the failed rank's state of that
-        /// checkpoint from a live rank: the world goes on at full size, and the run ends as it
-        /// would have without the failure.
+        /// with `mpirun --with-ft ulfm`). With `replace` the survivors also start a new worker
+        /// per failed rank (a thread, or under MPI a process: `mpirun --oversubscribe` gives it
+        /// a slot), which receives the failed rank's state of that checkpoint from a live rank:
+        /// the world goes on at full size, and the run ends as it would have without the
+        /// failure.
         #[setting(type = "`abort` | `continue` | `replace`")]
         #[arg(value_enum)]
         on_rank_failure: RankFailure = RankFailure::Abort,
@@ -1269,15 +1270,6 @@ impl TrainConfig {
                     value,
                     "`abort`, or set `checkpoint-every` too: the survivors continue from the last \
                      checkpoint (`checkpoint-every = 1` loses no iteration)",
-                ));
-            }
-            if self.on_rank_failure == RankFailure::Replace && self.backend == Backend::Mpi {
-                return Err(bad(
-                    "on-rank-failure",
-                    value,
-                    "`continue` with backend mpi: starting a replacement process needs the thread \
-                     backend; under MPI the survivors continue without the failed rank, and a new \
-                     job with `resume-ranks` grows the world back from a checkpoint",
                 ));
             }
         }

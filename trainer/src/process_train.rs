@@ -89,10 +89,14 @@ fn resolve_world_size(
     world: &ProcessWorld,
 ) -> Result<TrainConfig> {
     let size = world.group.size();
-    if cfg.on_rank_failure == localsgd_trainer::config::RankFailure::Continue
+    if cfg.on_rank_failure.survives()
         && let Some(why) = world.fault_tolerance_missing()
     {
-        bail!("invalid setting `on-rank-failure` = \"continue\": {why}; use `abort`");
+        let value = match cfg.on_rank_failure {
+            localsgd_trainer::config::RankFailure::Replace => "replace",
+            _ => "continue",
+        };
+        bail!("invalid setting `on-rank-failure` = \"{value}\": {why}; use `abort`");
     }
     if !cfg.resume_ranks.is_empty() && cfg.resume_ranks.len() != size {
         bail!(
@@ -151,6 +155,20 @@ fn host_layout(group: &Group) -> Result<(Vec<Vec<usize>>, usize)> {
 fn train_rank(cfg: &TrainConfig, world: &ProcessWorld) -> Result<()> {
     let group = &world.group;
     let rank = group.rank();
+    if group.joined() {
+        // A replacement the survivors of a failure started: they are inside the run, so it
+        // goes straight to it (no layout, no run directory to prepare). It does not know how
+        // many ranks share its host: it takes a world-size share of the cores.
+        limit_compute_threads(group.size());
+        let data = run::load_data(cfg).context("loading the data set")?;
+        let progress = if rank == 0 { progress_bar(cfg) } else { None };
+        let outcome = run::run_rank(cfg, group.clone(), &data, Some(&cfg.run_dir), progress)?;
+        if outcome.result.rank == 0 {
+            report(cfg, &outcome, &cfg.run_dir)?;
+        }
+        world.exit_after_failure(0);
+        return Ok(());
+    }
     let (hosts, local) = host_layout(group)?;
     limit_compute_threads(local);
     if rank == 0 {

@@ -1309,7 +1309,8 @@ pub fn run_rank(
         state.traffic += group.traffic() - traffic_before;
         let detected = Instant::now();
         // A change whose new world failed before completing an iteration is recorded now.
-        if state.recovering.take().is_some() {
+        let failed_again = state.recovering.take().is_some();
+        if failed_again {
             recovered(&mut state.membership, None, group.rank(), run_dir)?;
         }
         let survivors = group.shrink()?;
@@ -1325,10 +1326,21 @@ pub fn run_rank(
             return Err(failure);
         }
         let next = continue_point(&state, &survivors, run_dir)?;
-        let (next_group, joined) = if cfg.on_rank_failure == RankFailure::Replace {
-            (survivors.grow(&left)?, left.clone())
-        } else {
-            (survivors, Vec::new())
+        // A world that failed again before training an iteration is not grown again (a
+        // replacement that cannot get going would be replaced forever): it continues as is.
+        let replace = cfg.on_rank_failure == RankFailure::Replace && !failed_again;
+        let (next_group, joined) = match replace.then(|| survivors.grow(&left)) {
+            Some(Ok(grown)) => (grown, left.clone()),
+            Some(Err(e))
+                if !matches!(e, CommError::PeerFailed { .. } | CommError::Revoked { .. }) =>
+            {
+                tracing::warn!(
+                    "could not start replacements for ranks {left:?} ({e}): the survivors continue without them"
+                );
+                (survivors, Vec::new())
+            }
+            Some(Err(e)) => return Err(e.into()),
+            None => (survivors, Vec::new()),
         };
         tracing::warn!(
             ?left,

@@ -57,6 +57,8 @@ pub struct MpiGroup {
     shrunk: std::sync::atomic::AtomicBool,
     /// The shrinks this process had been through when the group was created (`Runtime::epoch`).
     epoch: u64,
+    /// Whether this is the world group of a replacement a `grow` started.
+    joined: bool,
 }
 
 /// Polling interval of a dedicated communicator's all-reduce pieces: short against a piece's
@@ -101,6 +103,46 @@ impl MpiGroup {
             hurry: false,
             shrunk: std::sync::atomic::AtomicBool::new(false),
             epoch: 0,
+            joined: false,
+        })
+    }
+
+    /// The world group of a replacement process (see `spawn`): the communicator the members
+    /// that started it grew, in which it holds its world rank.
+    pub(crate) fn joined(
+        runtime: Arc<Runtime>,
+        config: MpiConfig,
+        grown: super::spawn::Grown,
+    ) -> Result<Self, CommError> {
+        let comm = grown.comm;
+        let rank = mffi::comm_rank(comm)?;
+        // Kept for the barrier before leaving, as after a shrink.
+        // SAFETY: a null handle is overwritten by MPI_Comm_dup on success; `comm` is live and
+        // the members dup their grown communicator at the same point.
+        let mut keep: ffi::MPI_Comm = unsafe { std::mem::zeroed() };
+        // SAFETY: valid communicator.
+        let rc = unsafe { ffi::MPI_Comm_dup(comm.0, &mut keep) };
+        check(rc, || "MPI_Comm_dup".into())?;
+        runtime.keep_survivors(Comm(keep));
+        runtime
+            .comms
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((comm, 0));
+        Ok(Self {
+            comm,
+            owned: true,
+            rank,
+            world_ranks: grown.world_ranks.into(),
+            traffic: TrafficChain::root(),
+            config,
+            runtime,
+            issue: Mutex::new(()),
+            poll: None,
+            hurry: false,
+            shrunk: std::sync::atomic::AtomicBool::new(false),
+            epoch: 0,
+            joined: true,
         })
     }
 
@@ -146,6 +188,7 @@ impl MpiGroup {
                     hurry: false,
                     shrunk: std::sync::atomic::AtomicBool::new(false),
                     epoch,
+                    joined: false,
                 })
             }
             Err(e) => {
@@ -699,12 +742,46 @@ impl ProcessGroup for MpiGroup {
         // communicators revokes them, never it.
         self.runtime.next_epoch(self.epoch);
         let group = self.child(comm, members, self.traffic.clone())?;
-        *self
-            .runtime
-            .survivors
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some(Comm(keep));
+        self.runtime.keep_survivors(Comm(keep));
         Ok(Arc::new(group))
+    }
+
+    /// `MPI_Comm_spawn` of this program with this process's arguments, one process per new
+    /// rank (each finds its parents in [`MpiWorld::init`](super::MpiWorld::init) and gets a
+    /// world group that says [`joined`](ProcessGroup::joined)), merged with the members and
+    /// ordered by world rank. The job needs free slots (`mpirun --oversubscribe`: a failed
+    /// rank's slot is not given back); a spawn that fails is an error on every member, whose
+    /// group stays usable. The new group counts on this group's traffic counters.
+    fn grow(&self, ranks: &[usize]) -> Result<Group, CommError> {
+        crate::group::validate_grow(&self.world_ranks, ranks)?;
+        crate::group::check_same_grow(self, ranks)?;
+        let _serial = self.runtime.enter()?;
+        let _watch = self.runtime.watchdog.watch(
+            What::Named(format!("starting replacements for world ranks {ranks:?}")),
+            &self.world_ranks,
+            self.config.timeout,
+        );
+        let grown =
+            super::spawn::spawn_replacements(self.comm, self.rank, &self.world_ranks, ranks)?;
+        self.runtime
+            .dynamic
+            .store(true, std::sync::atomic::Ordering::Release);
+        // SAFETY: a null handle is overwritten by MPI_Comm_dup on success; `grown.comm` is live.
+        let mut keep: ffi::MPI_Comm = unsafe { std::mem::zeroed() };
+        // SAFETY: valid communicator; every process of it calls this here (the replacements
+        // in `MpiGroup::joined`).
+        let rc = unsafe { ffi::MPI_Comm_dup(grown.comm.0, &mut keep) };
+        if let Err(e) = check(rc, || "MPI_Comm_dup".into()) {
+            mffi::free_comm(grown.comm);
+            return Err(e);
+        }
+        self.runtime.keep_survivors(Comm(keep));
+        let group = self.child(grown.comm, grown.world_ranks, self.traffic.clone())?;
+        Ok(Arc::new(group))
+    }
+
+    fn joined(&self) -> bool {
+        self.joined
     }
 
     fn charge(&self, sig: &CallSignature) {

@@ -53,6 +53,7 @@
 mod ffi;
 mod group;
 mod ops;
+mod spawn;
 mod tuning;
 mod ulfm;
 mod watchdog;
@@ -209,6 +210,13 @@ pub(crate) struct Runtime {
     /// communicators are freed with them): the job lost a rank, `MPI_Finalize` is skipped and
     /// `MpiWorld::exit_after_failure` meets the survivors on it.
     survivors: Mutex<Option<Comm>>,
+    /// Whether this process shares a communicator with processes of another job: it started
+    /// replacements (`grow`) or is one. Every communicator must then be freed before leaving
+    /// (`MpiWorld::exit_after_failure`).
+    dynamic: AtomicBool,
+    /// Whether this process is a replacement a `grow` started (it must call `MPI_Finalize` to
+    /// leave: `mpirun` reports a started process that exits without it).
+    joined: AtomicBool,
     /// Epochs below this one have seen a failed peer (ULFM; 0: none): their communicators are
     /// revoked, and each one a group frees afterwards is revoked before it is freed.
     failed_below: AtomicU64,
@@ -250,6 +258,20 @@ impl Runtime {
     pub(crate) fn next_epoch(&self, epoch: u64) -> u64 {
         self.epoch.fetch_max(epoch + 1, Ordering::AcqRel);
         epoch + 1
+    }
+
+    /// Keep `comm` (a duplicate of the latest survivors' or grown communicator, owned here) for
+    /// the barrier before leaving ([`MpiWorld::exit_after_failure`]), freeing the one it
+    /// replaces.
+    pub(crate) fn keep_survivors(&self, comm: Comm) {
+        let old = self
+            .survivors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .replace(comm);
+        if let Some(old) = old {
+            ffi::free_comm(old);
+        }
     }
 
     /// Enter an MPI call: fails after finalisation, holds the serialising lock if there is one.
@@ -355,7 +377,12 @@ impl MpiWorld {
             );
         }
         let processor_name = ffi::processor_name()?;
-        let world_rank = ffi::comm_rank(world)?;
+        // A replacement started by the survivors of a failure (`grow`) joins their world.
+        let joined = spawn::join_parents()?;
+        let world_rank = match &joined {
+            Some((_, rank)) => *rank,
+            None => ffi::comm_rank(world)?,
+        };
         let watchdog = watchdog::start(world_rank, processor_name.clone()).map_err(|e| {
             CommError::Backend {
                 backend: "mpi",
@@ -374,11 +401,13 @@ impl MpiWorld {
             comms: Mutex::new(vec![(world, 0)]),
             epoch: AtomicU64::new(0),
             survivors: Mutex::new(None),
+            dynamic: AtomicBool::new(joined.is_some()),
+            joined: AtomicBool::new(joined.is_some()),
             failed_below: AtomicU64::new(0),
             library_version: library_version.clone(),
         });
         let world_size = ffi::comm_size(world)?;
-        if config.preconnect {
+        if config.preconnect && joined.is_none() {
             let links = std::env::var(TCP_LINKS_VAR)
                 .ok()
                 .and_then(|v| v.trim().parse::<usize>().ok())
@@ -394,7 +423,10 @@ impl MpiWorld {
             );
             ffi::connect_all(world, world_rank, world_size, links)?;
         }
-        let group = group::MpiGroup::world(runtime.clone(), config)?;
+        let group = match joined {
+            Some((grown, _)) => group::MpiGroup::joined(runtime.clone(), config, grown)?,
+            None => group::MpiGroup::world(runtime.clone(), config)?,
+        };
         let world = MpiWorld {
             runtime,
             processor_name,
@@ -447,10 +479,14 @@ impl MpiWorld {
     }
 
     /// End this process after ranks of the job failed and the survivors shrank
-    /// ([`ProcessGroup::shrink`](crate::ProcessGroup::shrink)): a barrier with the survivors,
-    /// then exit with `code` without `MPI_Finalize`, which Open MPI 5 can leave waiting forever
-    /// for the failed ranks (open-mpi/ompi#11404). Without a shrink, it returns: drop the world
-    /// as usual.
+    /// ([`ProcessGroup::shrink`](crate::ProcessGroup::shrink)): a barrier with the survivors
+    /// (and the replacements a [`grow`](crate::ProcessGroup::grow) started), then exit with
+    /// `code` without `MPI_Finalize`, which Open MPI 5 can leave waiting forever for the failed
+    /// ranks (open-mpi/ompi#11404). Where replacements were started, every communicator is
+    /// freed first (one reaching another job would make a replacement's finalize wait), and a
+    /// replacement calls `MPI_Finalize` (`mpirun` reports a started process that exits without
+    /// it). Without a shrink (nor, for a replacement, a grow), it returns: drop the world as
+    /// usual.
     pub fn exit_after_failure(&self, code: i32) {
         let Some(comm) = *self
             .runtime
@@ -461,9 +497,29 @@ impl MpiWorld {
             return;
         };
         if let Ok(_serial) = self.runtime.enter() {
-            // SAFETY: `comm` is the runtime's own duplicate of the last shrink's communicator,
-            // never freed. A survivor that failed meanwhile only makes the barrier fail.
+            // SAFETY: `comm` is the runtime's own duplicate of the last shrink's (or grow's)
+            // communicator, never freed. A survivor that failed meanwhile only makes the
+            // barrier fail.
             let _ = unsafe { mpi::ffi::MPI_Barrier(comm.0) };
+            if self.runtime.dynamic.load(Ordering::Acquire) {
+                // Nothing of MPI's is used after this but `MPI_Finalize`: the groups that still
+                // hold these communicators are never dropped (the process ends below).
+                let world = ffi::comm_world();
+                let comms = std::mem::take(
+                    &mut *self.runtime.comms.lock().unwrap_or_else(|e| e.into_inner()),
+                );
+                for (c, _) in comms {
+                    if c.0 != world.0 {
+                        ffi::free_comm(c);
+                    }
+                }
+                ffi::free_comm(comm);
+                if self.runtime.joined.load(Ordering::Acquire) {
+                    // SAFETY: every communicator this process made is freed; MPI is not used
+                    // again.
+                    let _ = unsafe { mpi::ffi::MPI_Finalize() };
+                }
+            }
         }
         use std::io::Write;
         let _ = std::io::stdout().flush();

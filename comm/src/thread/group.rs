@@ -197,28 +197,8 @@ impl ThreadGroup {
                     .into(),
             })?;
         let current = &self.shared.world_ranks;
-        let mut sorted = ranks.to_vec();
-        sorted.sort_unstable();
-        sorted.dedup();
-        if ranks.is_empty()
-            || sorted.len() != ranks.len()
-            || ranks.iter().any(|r| current.contains(r))
-        {
-            return Err(CommError::InvalidConfig(format!(
-                "grow needs new world ranks, each once, none of them a member of the group \
-                 {current:?}: got {ranks:?}"
-            )));
-        }
-        // Every member must add the same ranks: gather them and compare (a different count
-        // is the collective's own mismatch).
-        let wanted: Vec<u64> = ranks.iter().map(|&r| r as u64).collect();
-        let all = self.all_gather_u64(&wanted)?;
-        if let Some(other) = all.chunks(wanted.len()).find(|c| *c != wanted.as_slice()) {
-            return Err(CommError::InvalidConfig(format!(
-                "grow: the members of {current:?} add different ranks ({ranks:?} here, {other:?} \
-                 on a peer): every member must pass the same list"
-            )));
-        }
+        crate::group::validate_grow(current, ranks)?;
+        crate::group::check_same_grow(self, ranks)?;
         let mut world: Vec<usize> = current.iter().chain(ranks).copied().collect();
         world.sort_unstable();
         let host = |r: usize| spawner.hosts.get(r).copied().unwrap_or(0);

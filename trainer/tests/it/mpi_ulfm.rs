@@ -26,7 +26,8 @@ fn prefix() -> PathBuf {
     p
 }
 
-/// The settings of these runs: local SGD on synthetic data, a checkpoint every iteration.
+/// The settings of these runs: DiLoCo on synthetic data, a checkpoint every iteration,
+/// `continue` after a failure.
 fn args(run: &Path, workers: usize, steps: u64) -> Vec<String> {
     [
         "train",
@@ -70,24 +71,39 @@ fn args(run: &Path, workers: usize, steps: u64) -> Vec<String> {
     .collect()
 }
 
-/// `ranks` processes of the binary under Open MPI 5's `mpirun --with-ft ulfm`.
+/// `ranks` processes of the binary under Open MPI 5's `mpirun --with-ft ulfm`, with the
+/// injected faults `fault` (none when empty).
 fn ulfm_job(ranks: usize, args: &[String], fault: &str) -> Output {
     let _one = localsgd_test_support::one_mpi_job();
     let mpirun = prefix().join("bin/mpirun");
     // A job that hangs (none should) fails the test with exit status 124 instead of blocking.
-    let out = Command::new("timeout")
+    let mut cmd = Command::new("timeout");
+    if fault.is_empty() {
+        cmd.env_remove("LOCALSGD_FAULT");
+    } else {
+        cmd.env("LOCALSGD_FAULT", fault);
+    }
+    let out = cmd
         .arg("120")
         .arg(&mpirun)
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .env("LOCALSGD_FAULT", fault)
         .args([
             "--with-ft",
             "ulfm",
+            // Free slots for replacement processes (`replace`), as a failed rank's slot is
+            // not given back.
             "--oversubscribe",
-            "-x",
-            "LOCALSGD_FAULT",
+            // Open MPI's ofi transport costs every process start about a second here.
+            "--mca",
+            "btl",
+            "^ofi",
         ])
+        .args(if fault.is_empty() {
+            vec![]
+        } else {
+            vec!["-x", "LOCALSGD_FAULT"]
+        })
         .args(["-np", &ranks.to_string(), BIN])
         .args(args)
         .args(["--backend", "mpi"])
@@ -222,4 +238,94 @@ fn a_process_dying_inside_an_iteration_is_survived() {
     );
     let (members, _) = final_params(&run);
     assert_eq!(members, vec![0, 1, 3]);
+}
+
+/// `args` with `on-rank-failure = "replace"`.
+fn replace_args(run: &Path, steps: u64) -> Vec<String> {
+    let mut a = args(run, 4, steps);
+    let at = a.iter().position(|x| x == "continue").unwrap();
+    a[at] = "replace".into();
+    a
+}
+
+/// 4 ranks, one killed at a random iteration: the survivors start a replacement process
+/// (`MPI_Comm_spawn`), a live rank hands it the killed rank's state of the last checkpoint, and
+/// the job finishes on 4 ranks with the parameters of the same MPI job in which nothing failed,
+/// bit for bit on every rank (the same 4 processes' summation order).
+#[test]
+fn a_killed_rank_is_replaced_and_the_job_ends_as_without_the_failure() {
+    let mut rng = Lcg::new(one_process_per_rank::seed("ulfm-replace"));
+    let failed = rng.below(4) as usize;
+    let at = 3 + rng.below(12);
+    let dir = tempfile::tempdir().unwrap();
+    let (replaced, reference) = (dir.path().join("replaced"), dir.path().join("reference"));
+    let out = ulfm_job(
+        4,
+        &replace_args(&replaced, 20),
+        &format!("abort@{failed}:{at}"),
+    );
+    assert!(out.status.success(), "{}", show(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout.matches("test accuracy:").count(), 1, "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "rank(s) [{failed}] left at iteration {at}, replaced by new workers [{failed}]: 4 \
+             workers continued from iteration {at}"
+        )),
+        "{stdout}"
+    );
+    let out = ulfm_job(4, &replace_args(&reference, 20), "");
+    assert!(out.status.success(), "{}", show(&out));
+    let (members, got) = final_params(&replaced);
+    let (_, want) = final_params(&reference);
+    assert_eq!(members, vec![0, 1, 2, 3]);
+    for r in 0..4 {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+        assert_eq!(
+            bits(&got[r]),
+            bits(&want[r]),
+            "rank {r}: the replaced job's parameters differ from the job without a failure"
+        );
+    }
+    let membership = std::fs::read_to_string(replaced.join("membership.csv")).unwrap();
+    assert!(
+        membership
+            .lines()
+            .nth(1)
+            .is_some_and(|l| l.starts_with(&format!("{at},{at},{failed},{failed},4,0 1 2 3,"))),
+        "{membership}"
+    );
+}
+
+/// The replacement dies too (a later fault of the same rank), and a second replacement takes
+/// over; rank 0's replacement writes the run's records. Still the job without a failure.
+/// `--with-ft ulfm` covers the processes `mpirun` started, not the ones they spawned: the dead
+/// replacement's signal becomes `mpirun`'s exit status though the job finished.
+#[test]
+fn a_replacement_that_fails_is_replaced_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let (replaced, reference) = (dir.path().join("replaced"), dir.path().join("reference"));
+    let out = ulfm_job(4, &replace_args(&replaced, 16), "abort@0:4,step@0:9");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        stdout.matches("test accuracy:").count(),
+        1,
+        "{}",
+        show(&out)
+    );
+    assert_ne!(out.status.code(), Some(124), "the job hung: {}", show(&out));
+    assert!(
+        stdout.contains("rank(s) [0] left at iteration 4, replaced by new workers [0]")
+            && stdout.contains("rank(s) [0] left at iteration 9, replaced by new workers [0]"),
+        "{stdout}"
+    );
+    let out = ulfm_job(4, &replace_args(&reference, 16), "");
+    assert!(out.status.success(), "{}", show(&out));
+    let (_, got) = final_params(&replaced);
+    let (_, want) = final_params(&reference);
+    assert_eq!(got, want);
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(replaced.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["world_size"], 4);
+    assert_eq!(summary["membership"].as_array().map(Vec::len), Some(2));
 }

@@ -334,7 +334,6 @@ fn continue_is_refused_without_checkpoints_or_on_nccl() {
             match *e {
                 "no-checkpoints" => cfg.checkpoint_every = 0,
                 "nccl" => cfg.backend = localsgd_trainer::config::Backend::Nccl,
-                "mpi" => cfg.backend = localsgd_trainer::config::Backend::Mpi,
                 "replace" => cfg.on_rank_failure = localsgd_trainer::config::RankFailure::Replace,
                 _ => unreachable!(),
             }
@@ -356,11 +355,8 @@ fn continue_is_refused_without_checkpoints_or_on_nccl() {
         e.contains("= replace") && e.contains("checkpoint-every"),
         "{e}"
     );
-    let e = bad(&["replace", "mpi"]);
-    assert!(
-        e.contains("= replace") && e.contains("backend mpi") && e.contains("resume-ranks"),
-        "{e}"
-    );
+    let e = bad(&["replace", "nccl"]);
+    assert!(e.contains("= replace") && e.contains("backend nccl"), "{e}");
 }
 
 /// A lower hierarchical level that no longer divides the survivors' world ends the run with an

@@ -1,0 +1,220 @@
+//! Growing an MPI world back after ranks failed ([`ProcessGroup::grow`]): the members start
+//! replacement processes with `MPI_Comm_spawn` (this program, with this process's arguments),
+//! merge them into their communicator (`MPI_Intercomm_merge`) and order the result by world
+//! rank (`MPI_Comm_split`); a process started that way finds its parents in
+//! [`MpiWorld::init`](super::MpiWorld::init) and takes the other side of the same steps.
+//!
+//! Open MPI places the new processes like any others: the job must have free slots (`mpirun
+//! --oversubscribe`, or more slots than ranks), as the failed ranks' slots are not given back.
+//! A process connected to another job this way must free every communicator that reaches
+//! across before `MPI_Finalize`, or the finalize can wait on processes that already left
+//! ([`MpiWorld::exit_after_failure`](super::MpiWorld::exit_after_failure) does that).
+//!
+//! [`ProcessGroup::grow`]: crate::ProcessGroup::grow
+
+use super::ffi::{self as mffi, Comm, check};
+use crate::error::CommError;
+use mpi::ffi;
+use std::ffi::{CString, c_char, c_int, c_void};
+
+/// A grown communicator and its members' world ranks (ascending: its rank order).
+pub(crate) struct Grown {
+    pub comm: Comm,
+    pub world_ranks: Vec<usize>,
+}
+
+/// The members' side (collective over `comm`, whose ranks are the world ranks `members`):
+/// start one process per world rank of `ranks` and return the communicator of everyone.
+/// Every member returns an error alike when the spawn failed on any of them (no slot, no
+/// executable): the members' communicator is then unchanged.
+pub(crate) fn spawn_replacements(
+    comm: Comm,
+    rank: usize,
+    members: &[usize],
+    ranks: &[usize],
+) -> Result<Grown, CommError> {
+    let size = members.len();
+    let (command, args) = this_program()?;
+    let mut argv: Vec<*mut c_char> = args.iter().map(|a| a.as_ptr() as *mut c_char).collect();
+    argv.push(std::ptr::null_mut());
+    let count = ranks.len() as c_int;
+    let mut errcodes: Vec<c_int> = vec![0; ranks.len()];
+    // SAFETY: a null handle is overwritten by MPI_Comm_spawn.
+    let mut inter: ffi::MPI_Comm = unsafe { std::mem::zeroed() };
+    // SAFETY: `command` and `argv` (null-terminated) outlive the call; `errcodes` holds
+    // `count` entries; `comm` is valid and every member calls this with the same root.
+    let rc = unsafe {
+        ffi::MPI_Comm_spawn(
+            command.as_ptr(),
+            argv.as_mut_ptr(),
+            count,
+            ffi::RSMPI_INFO_NULL,
+            0,
+            comm.0,
+            &mut inter,
+            errcodes.as_mut_ptr(),
+        )
+    };
+    let spawned = rc == ffi::MPI_SUCCESS as c_int && errcodes.iter().all(|&c| c == 0);
+    let everyone = mffi::all_gather_u64(comm, &[u64::from(spawned)], size)?;
+    if everyone.contains(&0) {
+        // SAFETY: reading an rsmpi-exported constant.
+        if rc == ffi::MPI_SUCCESS as c_int && inter != unsafe { ffi::RSMPI_COMM_NULL } {
+            mffi::free_comm(Comm(inter));
+        }
+        let why = if rc == ffi::MPI_SUCCESS as c_int {
+            "it could not start them".to_string()
+        } else {
+            mffi::error_string(rc)
+        };
+        return Err(CommError::Backend {
+            backend: "mpi",
+            message: format!(
+                "MPI_Comm_spawn of {} for world ranks {ranks:?} failed ({why}): the job needs \
+                 free slots for replacements (start it with `mpirun --oversubscribe`, or with \
+                 more slots than ranks)",
+                command.to_string_lossy()
+            ),
+        });
+    }
+    let inter = Comm(inter);
+    let merged = merge(inter, false);
+    mffi::free_comm(inter);
+    let merged = merged?;
+    // The new processes learn who is who from the members' rank 0.
+    let mut words: Vec<u64> = Vec::with_capacity(2 + size + ranks.len());
+    words.push(size as u64);
+    words.extend(members.iter().map(|&r| r as u64));
+    words.push(ranks.len() as u64);
+    words.extend(ranks.iter().map(|&r| r as u64));
+    let sent = if rank == 0 {
+        broadcast_words(merged, Some(words))
+    } else {
+        broadcast_words(merged, None)
+    };
+    let grown = sent.and_then(|_| split_by_world_rank(merged, members[rank]));
+    mffi::free_comm(merged);
+    let comm = grown?;
+    let mut world_ranks: Vec<usize> = members.iter().chain(ranks).copied().collect();
+    world_ranks.sort_unstable();
+    Ok(Grown { comm, world_ranks })
+}
+
+/// The new process's side: `None` when this process was not started by
+/// [`spawn_replacements`]; otherwise the grown communicator and this process's world rank.
+pub(crate) fn join_parents() -> Result<Option<(Grown, usize)>, CommError> {
+    // SAFETY: a null handle is overwritten by MPI_Comm_get_parent.
+    let mut parent: ffi::MPI_Comm = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out-pointer; MPI is initialised.
+    let rc = unsafe { ffi::MPI_Comm_get_parent(&mut parent) };
+    check(rc, || "MPI_Comm_get_parent".into())?;
+    // SAFETY: reading an rsmpi-exported constant.
+    if parent == unsafe { ffi::RSMPI_COMM_NULL } {
+        return Ok(None);
+    }
+    let parent = Comm(parent);
+    mffi::errors_return(parent)?;
+    let merged = merge(parent, true);
+    mffi::free_comm(parent);
+    let merged = merged?;
+    let joined = (|| {
+        let words = broadcast_words(merged, None)?;
+        let position = mffi::comm_rank(merged)?;
+        let bad = || CommError::Backend {
+            backend: "mpi",
+            message: format!("the members that started this process sent {words:?}"),
+        };
+        let members = words.first().map(|&n| n as usize).ok_or_else(bad)?;
+        let added = words
+            .get(1 + members)
+            .map(|&n| n as usize)
+            .ok_or_else(bad)?;
+        let ranks: Vec<usize> = words
+            .get(2 + members..2 + members + added)
+            .ok_or_else(bad)?
+            .iter()
+            .map(|&r| r as usize)
+            .collect();
+        let me = position
+            .checked_sub(members)
+            .and_then(|i| ranks.get(i))
+            .copied()
+            .ok_or_else(bad)?;
+        let comm = split_by_world_rank(merged, me)?;
+        let mut world_ranks: Vec<usize> = words[1..1 + members]
+            .iter()
+            .map(|&r| r as usize)
+            .chain(ranks)
+            .collect();
+        world_ranks.sort_unstable();
+        Ok((Grown { comm, world_ranks }, me))
+    })();
+    mffi::free_comm(merged);
+    joined.map(Some)
+}
+
+/// This program and its arguments, as `MPI_Comm_spawn` takes them.
+fn this_program() -> Result<(CString, Vec<CString>), CommError> {
+    use std::os::unix::ffi::OsStrExt;
+    let bad = |what: String| CommError::Backend {
+        backend: "mpi",
+        message: format!("cannot start a replacement process: {what}"),
+    };
+    let exe = std::env::current_exe().map_err(|e| bad(format!("this program's path: {e}")))?;
+    let command = CString::new(exe.as_os_str().as_bytes())
+        .map_err(|_| bad(format!("its path {} holds a NUL byte", exe.display())))?;
+    let args = std::env::args_os()
+        .skip(1)
+        .map(|a| {
+            CString::new(a.as_bytes()).map_err(|_| bad(format!("argument {a:?} holds a NUL byte")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((command, args))
+}
+
+/// `MPI_Intercomm_merge`: the members low, the new processes high.
+fn merge(inter: Comm, high: bool) -> Result<Comm, CommError> {
+    // SAFETY: a null handle is overwritten on success.
+    let mut merged: ffi::MPI_Comm = unsafe { std::mem::zeroed() };
+    // SAFETY: valid intercommunicator.
+    let rc = unsafe { ffi::MPI_Intercomm_merge(inter.0, c_int::from(high), &mut merged) };
+    check(rc, || "MPI_Intercomm_merge".into())?;
+    let merged = Comm(merged);
+    mffi::errors_return(merged)?;
+    Ok(merged)
+}
+
+/// Rank 0's words to everyone (`Some` on rank 0): the length, then the words.
+fn broadcast_words(comm: Comm, words: Option<Vec<u64>>) -> Result<Vec<u64>, CommError> {
+    let mut len = [words.as_ref().map_or(0, |w| w.len() as u64)];
+    bcast(comm, &mut len)?;
+    let mut words = words.unwrap_or_else(|| vec![0; len[0] as usize]);
+    bcast(comm, &mut words)?;
+    Ok(words)
+}
+
+fn bcast(comm: Comm, buf: &mut [u64]) -> Result<(), CommError> {
+    // SAFETY: `buf` holds `buf.len()` words on every rank (the length was sent first).
+    let rc = unsafe {
+        ffi::MPI_Bcast(
+            buf.as_mut_ptr() as *mut c_void,
+            buf.len() as c_int,
+            ffi::RSMPI_UINT64_T,
+            0,
+            comm.0,
+        )
+    };
+    check(rc, || "MPI_Bcast".into())
+}
+
+/// Everyone of `comm` in one communicator ordered by world rank.
+fn split_by_world_rank(comm: Comm, world_rank: usize) -> Result<Comm, CommError> {
+    // SAFETY: a null handle is overwritten on success.
+    let mut out: ffi::MPI_Comm = unsafe { std::mem::zeroed() };
+    // SAFETY: valid communicator; every process calls it with color 0.
+    let rc = unsafe { ffi::MPI_Comm_split(comm.0, 0, world_rank as c_int, &mut out) };
+    check(rc, || "MPI_Comm_split".into())?;
+    let out = Comm(out);
+    mffi::errors_return(out)?;
+    Ok(out)
+}
