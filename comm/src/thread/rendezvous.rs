@@ -198,17 +198,18 @@ impl Rendezvous {
         if self.spin(my_gen) {
             return Ok(());
         }
-        let start = Instant::now();
-        let mut st = self.lock_state();
-        loop {
-            if st.generation != my_gen {
-                return Ok(());
-            }
-            if let Some(f) = &st.failure {
-                return Err(self.failure_error(f, call));
-            }
-            let waited = start.elapsed();
-            if waited >= self.timeout {
+        self.wait_locked(
+            self.lock_state(),
+            Instant::now(),
+            |st| {
+                if st.generation != my_gen {
+                    return Some(Ok(()));
+                }
+                st.failure
+                    .as_ref()
+                    .map(|f| Err(self.failure_error(f, call)))
+            },
+            |st, waited| {
                 let missing: Vec<usize> = (0..self.size).filter(|&r| !st.arrived[r]).collect();
                 let failure = Failure::Timeout {
                     call: call.to_string(),
@@ -217,8 +218,30 @@ impl Rendezvous {
                 };
                 let err = self.failure_error(&failure, call);
                 st.failure = Some(failure);
+                Err(err)
+            },
+        )
+    }
+
+    /// Park on the condition variable until `ready` gives the answer, or until the group
+    /// timeout after `start`: then `timed_out` records the timeout in the state (the waiters
+    /// are woken to see it) and gives the answer.
+    fn wait_locked<R>(
+        &self,
+        mut st: MutexGuard<'_, BarrierState>,
+        start: Instant,
+        mut ready: impl FnMut(&mut BarrierState) -> Option<R>,
+        timed_out: impl FnOnce(&mut BarrierState, Duration) -> R,
+    ) -> R {
+        loop {
+            if let Some(answer) = ready(&mut st) {
+                return answer;
+            }
+            let waited = start.elapsed();
+            if waited >= self.timeout {
+                let answer = timed_out(&mut st, waited);
                 self.cv.notify_all();
-                return Err(err);
+                return answer;
             }
             st = self
                 .cv
@@ -286,29 +309,23 @@ impl Rendezvous {
         }
         drop(st);
         spin_until(|| self.shrink_done.load(Ordering::Acquire));
-        let start = Instant::now();
-        let mut st = self.lock_state();
-        loop {
-            if st.shrink.outcome.is_some() || self.try_form_locked(&mut st) {
-                return self.claim_locked(&mut st, rank);
-            }
-            let waited = start.elapsed();
-            if waited >= self.timeout {
+        self.wait_locked(
+            self.lock_state(),
+            Instant::now(),
+            |st| {
+                (st.shrink.outcome.is_some() || self.try_form_locked(st))
+                    .then(|| self.claim_locked(st, rank))
+            },
+            |st, waited| {
                 let missing: Vec<usize> = (0..self.size)
                     .filter(|&r| !st.left[r] && !st.shrink.called[r])
                     .collect();
                 let err = self.shrink_timeout(waited, &missing);
                 st.shrink.outcome = Some(ShrinkOutcome::TimedOut { waited, missing });
                 self.shrink_done.store(true, Ordering::Release);
-                self.cv.notify_all();
-                return Err(err);
-            }
-            st = self
-                .cv
-                .wait_timeout(st, self.timeout - waited)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
+                Err(err)
+            },
+        )
     }
 
     /// Form the shrunk group if every rank that has not left has called shrink. Returns whether
