@@ -329,3 +329,61 @@ fn a_replacement_that_fails_is_replaced_again() {
     assert_eq!(summary["world_size"], 4);
     assert_eq!(summary["membership"].as_array().map(Vec::len), Some(2));
 }
+
+/// With 2 ranks the backends add in the same order, so they agree bit for bit: a killed rank
+/// under MPI and a panicking one on threads end with the same parameters, the survivor's
+/// (`continue`) and the whole world's (`replace`, which the thread run without a failure
+/// also equals).
+#[test]
+fn two_ranks_continue_and_replace_agree_with_the_thread_backend_bit_for_bit() {
+    let bits = |v: &[Vec<f32>]| -> Vec<Vec<u32>> {
+        v.iter()
+            .map(|p| p.iter().map(|x| x.to_bits()).collect())
+            .collect()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    for side in ["continue", "replace"] {
+        let with = |run: &Path| {
+            let mut a = args(run, 2, 12);
+            let at = a.iter().position(|x| x == "continue").unwrap();
+            a[at] = side.into();
+            a
+        };
+        let (mpi, threads) = (
+            dir.path().join(side),
+            dir.path().join(format!("{side}-threads")),
+        );
+        let out = ulfm_job(2, &with(&mpi), "abort@1:6");
+        assert!(out.status.success(), "{side}: {}", show(&out));
+        let t = Command::new(BIN)
+            .args(with(&threads))
+            .env("LOCALSGD_FAULT", "panic@1:6")
+            .output()
+            .unwrap();
+        assert!(t.status.success(), "{side}: {}", show(&t));
+        let (members, m) = final_params(&mpi);
+        let (thread_members, t) = final_params(&threads);
+        let expected = if side == "continue" {
+            vec![0]
+        } else {
+            vec![0, 1]
+        };
+        assert_eq!(members, expected, "{side}");
+        assert_eq!(thread_members, expected, "{side}");
+        assert_eq!(bits(&m), bits(&t), "{side}: MPI and threads differ");
+        if side == "replace" {
+            let none = dir.path().join("no-failure");
+            let n = Command::new(BIN)
+                .args(with(&none))
+                .env_remove("LOCALSGD_FAULT")
+                .output()
+                .unwrap();
+            assert!(n.status.success(), "{}", show(&n));
+            assert_eq!(
+                bits(&m),
+                bits(&final_params(&none).1),
+                "replace: not the run without a failure"
+            );
+        }
+    }
+}
