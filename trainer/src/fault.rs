@@ -10,6 +10,7 @@
 //! | `panic` | panics | the rank's panic, its peers' "rank R failed" |
 //! | `stall` | sleeps `timeout-secs` + 3 s, then goes on | the peers' collective timeout naming the rank |
 //! | `abort` | ends its process at once (`abort`: no cleanup, like `kill -9`) | threads: the process dies with the signal; MPI: `mpirun` names the rank |
+//! | `kill` | sends its process `SIGKILL` (`kill -9`: nothing of the process runs afterwards) | as `abort` |
 //! | `mismatch` | issues a barrier where its peers all-reduce | a collective mismatch naming each rank's call |
 //! | `short` | its data runs out here (an uneven shard) | nothing: every rank ends the epoch together |
 //! | `step` | fails inside iteration `ITERATION`'s forward pass, after the ranks agreed there is data (its peers meet the failure in the gradient sync or the average): panics (threads) or ends its process (MPI, NCCL) | as `panic` or `abort` |
@@ -39,6 +40,8 @@ pub enum FaultKind {
     Stall,
     /// End the process at once, without cleanup.
     Abort,
+    /// Send the process `SIGKILL`.
+    Kill,
     /// Issue a collective its peers do not.
     Mismatch,
     /// Run out of data (an uneven shard); not an error.
@@ -71,7 +74,7 @@ impl FromStr for Fault {
         let bad = || {
             format!(
                 "{ENV} = {s:?}: expected KIND@RANK:ITERATION with KIND one of panic, stall, \
-                 abort, mismatch, short, step, checkpoint (e.g. \"panic@1:10\")"
+                 abort, kill, mismatch, short, step, checkpoint (e.g. \"panic@1:10\")"
             )
         };
         let (kind, at) = s.split_once('@').ok_or_else(bad)?;
@@ -80,6 +83,7 @@ impl FromStr for Fault {
             "panic" => FaultKind::Panic,
             "stall" => FaultKind::Stall,
             "abort" => FaultKind::Abort,
+            "kill" => FaultKind::Kill,
             "mismatch" => FaultKind::Mismatch,
             "short" => FaultKind::Short,
             "checkpoint" => FaultKind::Checkpoint,

@@ -1201,6 +1201,14 @@ fn inject(
             );
             std::process::abort();
         }
+        FaultKind::Kill => {
+            eprintln!(
+                "injected fault: rank {rank} sends its process SIGKILL before iteration \
+                 {iteration} ({})",
+                crate::fault::ENV
+            );
+            kill_this_process();
+        }
         // Its peers are about to agree on data (an all-reduce): a barrier does not match.
         FaultKind::Mismatch => group.barrier()?,
         FaultKind::Short => loader.end_epoch_here(),
@@ -1208,6 +1216,18 @@ fn inject(
         FaultKind::Step => fail_mid_step(f, group),
     }
     Ok(())
+}
+
+/// `kill -9` of this process (`raise(SIGKILL)`).
+fn kill_this_process() -> ! {
+    unsafe extern "C" {
+        fn raise(signal: std::ffi::c_int) -> std::ffi::c_int;
+    }
+    const SIGKILL: std::ffi::c_int = 9;
+    // SAFETY: raising a signal has no preconditions; SIGKILL cannot be caught, so the process
+    // ends here.
+    unsafe { raise(SIGKILL) };
+    std::process::abort()
 }
 
 /// A `step` fault ([`crate::fault`]): the rank fails inside its forward pass, while its peers

@@ -22,7 +22,7 @@ const DEADLINE: Duration = Duration::from_secs(2 * TIMEOUT_SECS + 3 + 8);
 fn random_faults_end_each_run_cleanly_naming_the_rank() {
     let seed = one_process_per_rank::seed("fault soak");
     let mut rng = Lcg::new(seed);
-    let kinds = ["panic", "stall", "abort", "mismatch", "short"];
+    let kinds = ["panic", "stall", "abort", "kill", "mismatch", "short"];
     let algorithms = [
         "ddp",
         "post-local-sgd",
@@ -34,7 +34,11 @@ fn random_faults_end_each_run_cleanly_naming_the_rank() {
     let mut counts = std::collections::BTreeMap::new();
     for k in 0..runs {
         // Every kind at least 3 times, the rest at random.
-        let kind = kinds[if k < 15 { k % 5 } else { rng.below(5) as usize }];
+        let kind = kinds[if k < 3 * kinds.len() {
+            k % kinds.len()
+        } else {
+            rng.below(kinds.len() as u64) as usize
+        }];
         let workers = 2 + rng.below(3) as usize; // 2 to 4
         let algorithm = algorithms[rng.below(5) as usize];
         let rank = rng.below(workers as u64) as usize;
@@ -97,6 +101,16 @@ fn random_faults_end_each_run_cleanly_naming_the_rank() {
                 assert_eq!(status.code(), None, "killed by a signal: {what}");
                 assert!(
                     stderr.contains(&format!("injected fault: rank {rank} aborts")),
+                    "{what}"
+                );
+            }
+            "kill" => {
+                use std::os::unix::process::ExitStatusExt;
+                assert_eq!(status.signal(), Some(9), "killed by SIGKILL: {what}");
+                assert!(
+                    stderr.contains(&format!(
+                        "injected fault: rank {rank} sends its process SIGKILL"
+                    )),
                     "{what}"
                 );
             }

@@ -127,8 +127,7 @@ fn final_params(run: &Path) -> (Vec<usize>, Vec<Vec<f32>>) {
     (saved.member_ranks(), params)
 }
 
-/// 4 ranks, one killed at a random iteration (`abort`: the process ends at once, like
-/// `kill -9`): the job finishes on 3, with the parameters of the thread run in which the same
+/// 4 ranks, one killed (`SIGKILL`) before a random iteration: the job finishes on 3, with the parameters of the thread run in which the same
 /// rank fails before the same iteration. 3 ranks add in another order under MPI than on threads
 /// (as `mpi_train.rs`'s 4-rank comparison says), hence the tolerance.
 #[test]
@@ -138,7 +137,7 @@ fn a_killed_rank_leaves_and_the_survivors_match_the_thread_run() {
     let at = 3 + rng.below(12);
     let dir = tempfile::tempdir().unwrap();
     let (mpi, threads) = (dir.path().join("mpi"), dir.path().join("threads"));
-    let out = ulfm_job(4, &args(&mpi, 4, 20), &format!("abort@{failed}:{at}"));
+    let out = ulfm_job(4, &args(&mpi, 4, 20), &format!("kill@{failed}:{at}"));
     assert!(out.status.success(), "{}", show(&out));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(stdout.matches("test accuracy:").count(), 1, "{stdout}");
@@ -262,7 +261,7 @@ fn a_killed_rank_is_replaced_and_the_job_ends_as_without_the_failure() {
     let out = ulfm_job(
         4,
         &replace_args(&replaced, 20),
-        &format!("abort@{failed}:{at}"),
+        &format!("kill@{failed}:{at}"),
     );
     assert!(out.status.success(), "{}", show(&out));
     let stdout = String::from_utf8_lossy(&out.stdout);
