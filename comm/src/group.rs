@@ -144,9 +144,11 @@ pub trait ProcessGroup: Send + Sync + Debug {
         })
     }
 
-    /// Whether this rank was started by a [`grow`](ProcessGroup::grow) to join a running
-    /// world (a replacement), rather than with the world. Not collective. `false` unless a
-    /// backend knows better.
+    /// Whether this handle is the one a [`grow`](ProcessGroup::grow) gave a new member (a
+    /// replacement started to join a running world), rather than a handle of a member that
+    /// was there: true only on that grown group's handle of the new member (its subgroups,
+    /// and the groups a later shrink or grow returns, say false). Not collective. `false`
+    /// unless a backend knows better.
     fn joined(&self) -> bool {
         false
     }
@@ -221,26 +223,31 @@ pub(crate) fn validate_grow(current: &[usize], ranks: &[usize]) -> Result<(), Co
     Ok(())
 }
 
-/// Check that every member of `group` passes the same `ranks` to a grow (one all-gather; a
-/// different count is the collective's own mismatch, or a wrong-length gather).
+/// Check that every member of `group` passes the same `ranks` to a grow: the lengths are
+/// gathered first, then the lists, so members that disagree all learn it from the same data
+/// ([`CommError::InvalidConfig`] on every one of them).
 pub(crate) fn check_same_grow<G: ProcessGroup + ?Sized>(
     group: &G,
     ranks: &[usize],
 ) -> Result<(), CommError> {
-    let wanted: Vec<u64> = ranks.iter().map(|&r| r as u64).collect();
-    let all = group.all_gather_u64(&wanted)?;
-    if all.len() != wanted.len() * group.size() {
-        return Err(CommError::InvalidConfig(format!(
-            "grow: the members of {:?} add different numbers of ranks",
+    let lengths = group.all_gather_u64(&[ranks.len() as u64])?;
+    let disagree = |other: String| {
+        CommError::InvalidConfig(format!(
+            "grow: the members of {:?} add different ranks ({ranks:?} here, {other} on a peer): \
+             every member must pass the same list",
             group.world_ranks()
-        )));
+        ))
+    };
+    if let Some(n) = lengths.iter().find(|&&n| n != ranks.len() as u64) {
+        return Err(disagree(format!("{n} ranks")));
     }
+    let wanted: Vec<u64> = ranks.iter().map(|&r| r as u64).collect();
+    if wanted.is_empty() {
+        return Ok(());
+    }
+    let all = group.all_gather_u64(&wanted)?;
     if let Some(other) = all.chunks(wanted.len()).find(|c| *c != wanted.as_slice()) {
-        return Err(CommError::InvalidConfig(format!(
-            "grow: the members of {:?} add different ranks ({ranks:?} here, {other:?} on a \
-             peer): every member must pass the same list",
-            group.world_ranks()
-        )));
+        return Err(disagree(format!("{other:?}")));
     }
     Ok(())
 }

@@ -874,7 +874,8 @@ settings! {
         /// per failed rank (a thread, or under MPI a process: `mpirun --oversubscribe` gives it
         /// a slot), which receives the failed rank's state of that checkpoint from a live rank:
         /// the world goes on at full size, and the run ends as it would have without the
-        /// failure.
+        /// failure (unless a replacement could not be started, or failed before the world
+        /// trained an iteration: then the world goes on without it, as with `continue`).
         #[setting(type = "`abort` | `continue` | `replace`")]
         #[arg(value_enum)]
         on_rank_failure: RankFailure = RankFailure::Abort,

@@ -69,6 +69,11 @@ pub(crate) fn train(flags: &ConfigFlags, cfg: TrainConfig) -> Result<()> {
                 world.whereabouts(),
                 describe(&e)
             ));
+            if world.group.joined() {
+                // A replacement that cannot go on leaves like a failed rank: the members it
+                // joined continue without it (`MPI_Abort` could end their job too).
+                std::process::exit(FAILURE_EXIT_CODE);
+            }
             world.abort(FAILURE_EXIT_CODE)
         }
     }
@@ -89,6 +94,11 @@ fn resolve_world_size(
     world: &ProcessWorld,
 ) -> Result<TrainConfig> {
     let size = world.group.size();
+    if world.group.joined() {
+        // A replacement: the members checked the settings, and its number of workers is the
+        // configured one, which a live rank hands it (`run::run_rank`).
+        return Ok(cfg);
+    }
     if cfg.on_rank_failure.survives()
         && let Some(why) = world.fault_tolerance_missing()
     {

@@ -625,7 +625,7 @@ impl Start {
 }
 
 /// What a rank carries across a change of its world ([`run_rank`] with `on-rank-failure =
-/// "continue"`): the progress callback, the faults still to inject, the membership changes so
+/// "continue"` or `"replace"`): the progress callback, the faults still to inject, the membership changes so
 /// far and where training stood.
 struct RankState {
     progress: Option<Progress>,
@@ -1285,8 +1285,8 @@ pub struct RankOutcome {
     /// rank; the same on every rank).
     pub wall_seconds: f64,
     /// The changes of the ranks the run trained on, in order (`on-rank-failure =
-    /// "continue"`; empty when every rank finished). The same on every surviving rank except
-    /// `recovery_seconds`, each rank's own.
+    /// "continue"` or `"replace"`; empty when every rank finished). The same on every rank of
+    /// the final world except `recovery_seconds`, each rank's own.
     pub membership: Vec<MembershipChange>,
 }
 
@@ -1297,7 +1297,12 @@ pub struct RankOutcome {
 /// With `on-rank-failure = "continue"`, a peer's failure during training does not end the
 /// rank: the survivors shrink the group ([`ProcessGroup::shrink`](localsgd_comm::ProcessGroup::shrink)),
 /// take up the last published checkpoint (each its own saved state; none: the start) and train
-/// on; the totals are then the survivors'.
+/// on; the totals are then the survivors'. With `"replace"` they first grow the group back
+/// ([`ProcessGroup::grow`](localsgd_comm::ProcessGroup::grow)) and the lowest live rank hands
+/// each new rank the failed rank's file of that checkpoint; a new rank (its group
+/// [`joined`](localsgd_comm::ProcessGroup::joined)) calls this too and starts by receiving it.
+/// A failure while growing, or of a world that has not trained an iteration yet, is handled as
+/// with `"continue"` (no new replacement).
 pub fn run_rank(
     cfg: &TrainConfig,
     group: Group,
@@ -1307,26 +1312,44 @@ pub fn run_rank(
 ) -> Result<RankOutcome, RunError> {
     let started = Instant::now();
     let mut state = RankState::new(progress)?;
-    // `warmup-epochs` becomes steps once, on the configured world: survivors keep the schedule.
-    let mut fixed = effective_settings(cfg, data, group.size(), group.rank())?
+    let mut group = group;
+    // A replacement learns where to start, and the configured number of workers, from a live
+    // rank.
+    let (mut start, workers) = if group.joined() {
+        receive_handover(&group, &mut state)?
+    } else {
+        (Start::configured(cfg, group.rank()), group.size())
+    };
+    let job_rank = group
+        .world_ranks()
+        .get(group.rank())
+        .copied()
+        .unwrap_or(group.rank());
+    // `warmup-epochs` becomes steps once, on the configured world (a replacement: as the rank it
+    // replaces did): the worlds after a failure keep the schedule.
+    let mut fixed = effective_settings(cfg, data, workers, job_rank)?
         .0
         .into_owned();
     fixed.warmup_epochs = None;
+    fixed.workers = workers;
     let cfg = &fixed;
-    let mut group = group;
-    let mut start = if group.joined() {
-        receive_handover(&group, &mut state)?
-    } else {
-        Start::configured(cfg, group.rank())
-    };
+    // A failure met while growing the world back, to handle before training again.
+    let mut pending: Option<RunError> = None;
     let result = loop {
-        let traffic_before = group.traffic();
-        let failure = match train_from(cfg, group.clone(), data, run_dir, start, &mut state) {
-            Ok(result) => break result,
-            Err(e) if cfg.on_rank_failure.survives() && is_peer_failure(&e) => e,
-            Err(e) => return Err(e),
+        let failure = match pending.take() {
+            Some(failure) => failure,
+            None => {
+                let traffic_before = group.traffic();
+                match train_from(cfg, group.clone(), data, run_dir, start, &mut state) {
+                    Ok(result) => break result,
+                    Err(e) if cfg.on_rank_failure.survives() && is_peer_failure(&e) => {
+                        state.traffic += group.traffic() - traffic_before;
+                        e
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
         };
-        state.traffic += group.traffic() - traffic_before;
         let detected = Instant::now();
         // A change whose new world failed before completing an iteration is recorded now.
         let failed_again = state.recovering.take().is_some();
@@ -1349,17 +1372,21 @@ pub fn run_rank(
         // A world that failed again before training an iteration is not grown again (a
         // replacement that cannot get going would be replaced forever): it continues as is.
         let replace = cfg.on_rank_failure == RankFailure::Replace && !failed_again;
+        let mut grow_failure = None;
         let (next_group, joined) = match replace.then(|| survivors.grow(&left)) {
             Some(Ok(grown)) => (grown, left.clone()),
-            Some(Err(e))
-                if !matches!(e, CommError::PeerFailed { .. } | CommError::Revoked { .. }) =>
-            {
-                tracing::warn!(
-                    "could not start replacements for ranks {left:?} ({e}): the survivors continue without them"
-                );
+            Some(Err(e)) => {
+                if is_lost(&e) {
+                    // A survivor failed meanwhile: the survivors' world failed in turn.
+                    grow_failure = Some(RunError::from(e));
+                } else {
+                    tracing::warn!(
+                        "could not start replacements for ranks {left:?} ({e}): the survivors \
+                         continue without them"
+                    );
+                }
                 (survivors, Vec::new())
             }
-            Some(Err(e)) => return Err(e.into()),
             None => (survivors, Vec::new()),
         };
         tracing::warn!(
@@ -1368,6 +1395,7 @@ pub fn run_rank(
             world = next_group.size(),
             "a rank failed ({failure}); the world continues from the last checkpoint"
         );
+        let replacing = !joined.is_empty();
         state.membership.push(MembershipChange {
             // Set when the new world has resumed (0: no checkpoint, the start).
             iteration: 0,
@@ -1378,15 +1406,22 @@ pub fn run_rank(
             recovery_seconds: None,
         });
         state.recovering = Some(detected);
-        if !state.membership[state.membership.len() - 1]
-            .joined
-            .is_empty()
-        {
-            let spec = cfg.algorithm_spec()?;
-            send_handover(&next_group, &state, &next, &spec, run_dir)?;
+        if replacing {
+            let handover = Handover::prepare(cfg, &state, &next, detected, run_dir);
+            if let Err(e) = send_handover(&next_group, handover) {
+                // The replacement or a survivor failed during the hand-over: the new world
+                // failed; it is shrunk again (and not grown).
+                grow_failure = Some(e);
+            }
         }
         start = next;
         group = next_group;
+        if let Some(e) = grow_failure {
+            if !is_peer_failure(&e) {
+                return Err(e);
+            }
+            pending = Some(e);
+        }
     };
     let mut wall = [started.elapsed().as_secs_f64()];
     group.all_reduce_slice(&mut wall, localsgd_comm::ReduceOp::Max)?;
@@ -1400,7 +1435,7 @@ pub fn run_rank(
 }
 
 /// What a live rank hands a replacement that joined the world (`on-rank-failure = "replace"`),
-/// besides the rank file it continues from.
+/// before the rank file it continues from.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Handover {
     /// The saved rank whose file of the latest checkpoint follows (`None`: the world starts
@@ -1409,122 +1444,193 @@ struct Handover {
     /// Iterations the old world had completed when the failure reached it: the replaced
     /// rank's injected faults up to there have happened.
     detected_at: u64,
+    /// Seconds from the failure reaching the sender to the hand-over (the replacement's
+    /// recovery time starts that much earlier).
+    since_detected: f64,
+    /// The configured number of workers (the world may be smaller after a failure that was
+    /// not replaced).
+    workers: usize,
     /// The run's membership changes so far, this one last.
     membership: Vec<MembershipChange>,
+    /// Why the sender could not hand over the state (the replacement then leaves, and the
+    /// world goes on without it).
+    error: Option<String>,
+}
+
+impl Handover {
+    /// What the sender hands a replacement: `start` is where the world continues (the
+    /// sender's own saved rank of the latest checkpoint, or the start).
+    fn prepare(
+        cfg: &TrainConfig,
+        state: &RankState,
+        start: &Start,
+        detected: Instant,
+        run_dir: Option<&Path>,
+    ) -> PreparedHandover {
+        PreparedHandover {
+            header: Self {
+                saved_rank: None,
+                detected_at: state.iteration,
+                since_detected: 0.0,
+                workers: cfg.workers,
+                membership: state.membership.clone(),
+                error: None,
+            },
+            own: match start {
+                Start::ResumeFrom(own) => Some(*own),
+                _ => None,
+            },
+            detected,
+            dir: run_dir.map(Path::to_path_buf),
+            spec: cfg.algorithm_spec().map_err(|e| e.to_string()),
+        }
+    }
+}
+
+/// A [`Handover`] before the sender picks each replacement's file.
+struct PreparedHandover {
+    header: Handover,
+    /// The sender's saved rank in the latest checkpoint (`None`: no checkpoint).
+    own: Option<usize>,
+    detected: Instant,
+    dir: Option<std::path::PathBuf>,
+    spec: Result<localsgd_pipeline::algorithm::AlgorithmSpec, String>,
+}
+
+impl PreparedHandover {
+    /// The message for the replacement of world rank `job_rank`: the header, then the file of
+    /// the rank that held `job_rank` in the saving world (or, when it held none, the sender's
+    /// own), or the header with `error` set.
+    fn message(&self, job_rank: usize) -> Vec<u8> {
+        let mut header = Handover {
+            since_detected: self.detected.elapsed().as_secs_f64(),
+            membership: self.header.membership.clone(),
+            error: None,
+            ..self.header
+        };
+        let file = (|| -> Result<Option<(usize, Vec<u8>)>, String> {
+            let (Some(own), Some(dir)) = (self.own, &self.dir) else {
+                return Ok(None);
+            };
+            let spec = self.spec.as_ref().map_err(String::clone)?;
+            let checkpoints = crate::checkpoint::CheckpointDir::new(dir);
+            let (_, saved) = checkpoints.latest_identity().map_err(|e| e.to_string())?;
+            let saved_rank = saved
+                .member_ranks()
+                .iter()
+                .position(|&m| m == job_rank)
+                .unwrap_or(own);
+            let (bytes, _) = checkpoints
+                .latest_rank_bytes(saved_rank, spec)
+                .map_err(|e| e.to_string())?;
+            Ok(Some((saved_rank, bytes)))
+        })();
+        let bytes = match file {
+            Ok(Some((saved_rank, bytes))) => {
+                header.saved_rank = Some(saved_rank);
+                bytes
+            }
+            Ok(None) => Vec::new(),
+            Err(e) => {
+                header.error = Some(e);
+                Vec::new()
+            }
+        };
+        // A plain struct of numbers, strings and lists always serializes.
+        let json = serde_json::to_vec(&header).unwrap_or_default();
+        let mut message = Vec::with_capacity(8 + json.len() + bytes.len());
+        message.extend_from_slice(&(json.len() as u64).to_le_bytes());
+        message.extend_from_slice(&json);
+        message.extend_from_slice(&bytes);
+        message
+    }
 }
 
 /// The live ranks' side of a replacement joining `grown` (collective over it, with
 /// [`receive_handover`] on the new ranks): the lowest live rank sends each new rank, in rank
-/// order, a [`Handover`] and the file of the latest checkpoint it continues from: its
-/// predecessor's (the saved rank that held its rank of the job's first world), or when the
-/// saving world had no such rank, a copy of the sender's own.
-fn send_handover(
-    grown: &Group,
-    state: &RankState,
-    next: &Start,
-    spec: &localsgd_pipeline::algorithm::AlgorithmSpec,
-    run_dir: Option<&Path>,
-) -> Result<(), RunError> {
-    let (joined, root) = handover_layout(grown, state.iteration)?;
+/// order, its [`Handover`] message. It always sends one, with `error` set when it could not
+/// read the file, so that no rank waits for a message that never comes.
+fn send_handover(grown: &Group, handover: PreparedHandover) -> Result<(), RunError> {
+    let (joined, root) = handover_layout(grown)?;
     for &new in &joined {
-        let mut payload = Vec::new();
-        if grown.rank() == root {
-            let saved_rank = match (next, run_dir) {
-                (Start::ResumeFrom(own), Some(dir)) => {
-                    let ckpt = crate::checkpoint::CheckpointDir::new(dir);
-                    let (_, saved) = ckpt.latest_identity()?;
-                    let job_rank = grown.world_ranks()[new];
-                    Some(
-                        saved
-                            .member_ranks()
-                            .iter()
-                            .position(|&m| m == job_rank)
-                            .unwrap_or(*own),
-                    )
-                }
-                _ => None,
-            };
-            let handover = Handover {
-                saved_rank,
-                detected_at: state.iteration,
-                membership: state.membership.clone(),
-            };
-            let header = serde_json::to_vec(&handover).map_err(|e| {
-                RunError::Config(SettingError::new(
-                    "on-rank-failure",
-                    "replace",
-                    e.to_string(),
-                ))
-            })?;
-            payload.extend_from_slice(&(header.len() as u64).to_le_bytes());
-            payload.extend_from_slice(&header);
-            if let (Some(saved_rank), Some(dir)) = (saved_rank, run_dir) {
-                let (bytes, _) = crate::checkpoint::CheckpointDir::new(dir)
-                    .latest_rank_bytes(saved_rank, spec)?;
-                payload.extend_from_slice(&bytes);
-            }
-        }
-        grown.broadcast_bytes(&mut payload, root)?;
+        let mut message = if grown.rank() == root {
+            handover.message(grown.world_ranks()[new])
+        } else {
+            Vec::new()
+        };
+        grown.broadcast_bytes(&mut message, root)?;
     }
     Ok(())
 }
 
 /// A replacement's side of [`send_handover`]: where it starts (the file it received, or the
-/// start), and the run's state it takes over (membership changes; its predecessor's injected
-/// faults that already happened are dropped).
-fn receive_handover(grown: &Group, state: &mut RankState) -> Result<Start, RunError> {
-    let (joined, root) = handover_layout(grown, 0)?;
+/// start) and the configured number of workers, and the run's state it takes over
+/// (membership changes, the recovery's start; its predecessor's injected faults that already
+/// happened are dropped). A message with `error` set ends it with that error.
+fn receive_handover(grown: &Group, state: &mut RankState) -> Result<(Start, usize), RunError> {
+    let (joined, root) = handover_layout(grown)?;
     let mut mine = None;
     for &new in &joined {
-        let mut payload = Vec::new();
-        grown.broadcast_bytes(&mut payload, root)?;
+        let mut message = Vec::new();
+        grown.broadcast_bytes(&mut message, root)?;
         if new == grown.rank() {
-            mine = Some(payload);
+            mine = Some(message);
         }
     }
     let bad = |why: &str| {
         RunError::Checkpoint(CheckpointError::Incompatible(format!(
-            "the state a live rank handed this replacement is unreadable: {why}"
+            "the state a live rank handed this replacement is unusable: {why}"
         )))
     };
-    let payload = mine.ok_or_else(|| bad("no handover for this rank"))?;
-    let header_len = payload
-        .get(..8)
-        .and_then(|b| <[u8; 8]>::try_from(b).ok())
-        .map(u64::from_le_bytes)
-        .ok_or_else(|| bad("shorter than its header"))? as usize;
-    let header = payload
-        .get(8..8 + header_len)
+    let message = mine.ok_or_else(|| bad("no hand-over for this rank"))?;
+    let (header, file) = message
+        .split_first_chunk::<8>()
+        .and_then(|(len, rest)| {
+            let len = usize::try_from(u64::from_le_bytes(*len)).ok()?;
+            (len <= rest.len()).then(|| rest.split_at(len))
+        })
         .ok_or_else(|| bad("shorter than its header"))?;
     let handover: Handover = serde_json::from_slice(header).map_err(|e| bad(&e.to_string()))?;
+    if let Some(e) = handover.error {
+        return Err(bad(&e));
+    }
     let job_rank = grown.world_ranks()[grown.rank()];
     state
         .faults
         .retain(|f| !(f.rank == job_rank && f.iteration <= handover.detected_at));
     state.membership = handover.membership;
-    state.recovering = Some(Instant::now());
-    Ok(match handover.saved_rank {
+    let now = Instant::now();
+    state.recovering = Some(
+        now.checked_sub(Duration::from_secs_f64(handover.since_detected.max(0.0)))
+            .unwrap_or(now),
+    );
+    let start = match handover.saved_rank {
         Some(saved_rank) => Start::Received {
-            bytes: payload[8 + header_len..].to_vec(),
+            bytes: file.to_vec(),
             saved_rank,
         },
         None => Start::Fresh,
-    })
+    };
+    Ok((start, handover.workers))
 }
 
 /// The new ranks of a grown world (group ranks, ascending) and the live rank that hands them
 /// their state (the lowest rank that did not join). Collective.
-fn handover_layout(grown: &Group, iteration: u64) -> Result<(Vec<usize>, usize), RunError> {
-    let flags = grown.all_gather_u64(&[u64::from(grown.joined()), iteration])?;
-    let joined: Vec<usize> = (0..grown.size()).filter(|&r| flags[2 * r] == 1).collect();
-    let root = (0..grown.size())
-        .find(|&r| flags[2 * r] == 0)
-        .ok_or_else(|| {
-            RunError::Comm(CommError::InvalidConfig(
-                "a grown world without a live rank to hand the replacements their state".into(),
-            ))
-        })?;
+fn handover_layout(grown: &Group) -> Result<(Vec<usize>, usize), RunError> {
+    let flags = grown.all_gather_u64(&[u64::from(grown.joined())])?;
+    let joined: Vec<usize> = (0..grown.size()).filter(|&r| flags[r] == 1).collect();
+    let root = (0..grown.size()).find(|&r| flags[r] == 0).ok_or_else(|| {
+        RunError::Comm(CommError::InvalidConfig(
+            "a grown world without a live rank to hand the replacements their state".into(),
+        ))
+    })?;
     Ok((joined, root))
+}
+
+/// Whether a communication error says a peer is gone (failed, or under MPI a group revoked
+/// after a failure).
+fn is_lost(e: &CommError) -> bool {
+    matches!(e, CommError::PeerFailed { .. } | CommError::Revoked { .. })
 }
 
 /// Where the survivors continue after a rank failure: the last published checkpoint, if it is
@@ -1696,9 +1802,7 @@ fn first_error(results: Vec<Result<RankOutcome, RunError>>) -> Result<Vec<RankOu
 /// gradient hook, the averager, a checkpoint's barriers, setup): a collective whose peer
 /// failed, or (MPI with ULFM) a group a peer revoked after a failure.
 fn is_peer_failure(e: &RunError) -> bool {
-    fn lost(c: &CommError) -> bool {
-        matches!(c, CommError::PeerFailed { .. } | CommError::Revoked { .. })
-    }
+    let lost = is_lost;
     // Each error in the chain, itself included: `#[error(transparent)]` wrappers hand out
     // their inner error's source, so every level is also downcast.
     let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);

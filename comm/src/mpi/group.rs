@@ -753,8 +753,8 @@ impl ProcessGroup for MpiGroup {
     /// rank's slot is not given back); a spawn that fails is an error on every member, whose
     /// group stays usable. The new group counts on this group's traffic counters.
     fn grow(&self, ranks: &[usize]) -> Result<Group, CommError> {
-        crate::group::validate_grow(&self.world_ranks, ranks)?;
         crate::group::check_same_grow(self, ranks)?;
+        crate::group::validate_grow(&self.world_ranks, ranks)?;
         let _serial = self.runtime.enter()?;
         let _watch = self.runtime.watchdog.watch(
             What::Named(format!("starting replacements for world ranks {ranks:?}")),

@@ -515,6 +515,10 @@ impl MpiWorld {
                 }
                 ffi::free_comm(comm);
                 if self.runtime.joined.load(Ordering::Acquire) {
+                    // No group may use MPI from here on (a late call gets an error, not a
+                    // freed communicator), and the watchdog has nothing left to watch.
+                    self.runtime.finalized.store(true, Ordering::Release);
+                    self.runtime.watchdog.stop();
                     // SAFETY: every communicator this process made is freed; MPI is not used
                     // again.
                     let _ = unsafe { mpi::ffi::MPI_Finalize() };

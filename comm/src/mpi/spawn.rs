@@ -17,6 +17,10 @@ use crate::error::CommError;
 use mpi::ffi;
 use std::ffi::{CString, c_char, c_int, c_void};
 
+/// The first word of the message that tells started processes their members failed to start
+/// them all (an impossible member count).
+const GIVE_UP: u64 = u64::MAX;
+
 /// A grown communicator and its members' world ranks (ascending: its rank order).
 pub(crate) struct Grown {
     pub comm: Comm,
@@ -55,43 +59,60 @@ pub(crate) fn spawn_replacements(
             errcodes.as_mut_ptr(),
         )
     };
-    let spawned = rc == ffi::MPI_SUCCESS as c_int && errcodes.iter().all(|&c| c == 0);
-    let everyone = mffi::all_gather_u64(comm, &[u64::from(spawned)], size)?;
-    if everyone.contains(&0) {
-        // SAFETY: reading an rsmpi-exported constant.
-        if rc == ffi::MPI_SUCCESS as c_int && inter != unsafe { ffi::RSMPI_COMM_NULL } {
+    // SAFETY: reading an rsmpi-exported constant.
+    let connected = rc == ffi::MPI_SUCCESS as c_int && inter != unsafe { ffi::RSMPI_COMM_NULL };
+    // Only the root sees the error codes: whether every process started.
+    let started = errcodes.iter().all(|&c| c == 0);
+    let failed = |why: String| CommError::Backend {
+        backend: "mpi",
+        message: format!(
+            "MPI_Comm_spawn of {} for world ranks {ranks:?} failed ({why}): the job needs free \
+             slots for replacements (start it with `mpirun --oversubscribe`, or with more slots \
+             than ranks)",
+            command.to_string_lossy()
+        ),
+    };
+    let flags = [u64::from(connected), u64::from(started)];
+    let everyone = match mffi::all_gather_u64(comm, &flags, size) {
+        Ok(e) => e,
+        Err(e) => {
+            if connected {
+                mffi::free_comm(Comm(inter));
+            }
+            return Err(e);
+        }
+    };
+    if everyone.chunks(2).any(|f| f[0] == 0) {
+        // Open MPI gives every member the spawn's one result, so no member is connected to
+        // new processes here that would wait for a merge.
+        if connected {
             mffi::free_comm(Comm(inter));
         }
-        let why = if rc == ffi::MPI_SUCCESS as c_int {
-            "it could not start them".to_string()
+        return Err(failed(if rc == ffi::MPI_SUCCESS as c_int {
+            "a member got no connection to the new processes".to_string()
         } else {
             mffi::error_string(rc)
-        };
-        return Err(CommError::Backend {
-            backend: "mpi",
-            message: format!(
-                "MPI_Comm_spawn of {} for world ranks {ranks:?} failed ({why}): the job needs \
-                 free slots for replacements (start it with `mpirun --oversubscribe`, or with \
-                 more slots than ranks)",
-                command.to_string_lossy()
-            ),
-        });
+        }));
     }
+    let all_started = everyone.chunks(2).all(|f| f[1] == 1);
     let inter = Comm(inter);
     let merged = merge(inter, false);
     mffi::free_comm(inter);
     let merged = merged?;
+    if !all_started {
+        // Some processes started, some did not: tell the ones that did to give up.
+        let told = broadcast_words(merged, (rank == 0).then(|| vec![GIVE_UP]));
+        mffi::free_comm(merged);
+        told?;
+        return Err(failed("not every process started".into()));
+    }
     // The new processes learn who is who from the members' rank 0.
     let mut words: Vec<u64> = Vec::with_capacity(2 + size + ranks.len());
     words.push(size as u64);
     words.extend(members.iter().map(|&r| r as u64));
     words.push(ranks.len() as u64);
     words.extend(ranks.iter().map(|&r| r as u64));
-    let sent = if rank == 0 {
-        broadcast_words(merged, Some(words))
-    } else {
-        broadcast_words(merged, None)
-    };
+    let sent = broadcast_words(merged, (rank == 0).then_some(words));
     let grown = sent.and_then(|_| split_by_world_rank(merged, members[rank]));
     mffi::free_comm(merged);
     let comm = grown?;
@@ -120,37 +141,49 @@ pub(crate) fn join_parents() -> Result<Option<(Grown, usize)>, CommError> {
     let joined = (|| {
         let words = broadcast_words(merged, None)?;
         let position = mffi::comm_rank(merged)?;
-        let bad = || CommError::Backend {
+        if words.first() == Some(&GIVE_UP) {
+            return Err(CommError::Backend {
+                backend: "mpi",
+                message: "the members that started this process could not start every \
+                          replacement, and continue without them"
+                    .into(),
+            });
+        }
+        let (members, ranks) = layout(&words).ok_or_else(|| CommError::Backend {
             backend: "mpi",
             message: format!("the members that started this process sent {words:?}"),
-        };
-        let members = words.first().map(|&n| n as usize).ok_or_else(bad)?;
-        let added = words
-            .get(1 + members)
-            .map(|&n| n as usize)
-            .ok_or_else(bad)?;
-        let ranks: Vec<usize> = words
-            .get(2 + members..2 + members + added)
-            .ok_or_else(bad)?
-            .iter()
-            .map(|&r| r as usize)
-            .collect();
+        })?;
         let me = position
-            .checked_sub(members)
+            .checked_sub(members.len())
             .and_then(|i| ranks.get(i))
             .copied()
-            .ok_or_else(bad)?;
+            .ok_or_else(|| CommError::Backend {
+                backend: "mpi",
+                message: format!(
+                    "this process is rank {position} of the merged group, beyond the {} members \
+                     and {} new processes",
+                    members.len(),
+                    ranks.len()
+                ),
+            })?;
         let comm = split_by_world_rank(merged, me)?;
-        let mut world_ranks: Vec<usize> = words[1..1 + members]
-            .iter()
-            .map(|&r| r as usize)
-            .chain(ranks)
-            .collect();
+        let mut world_ranks: Vec<usize> = members.into_iter().chain(ranks).collect();
         world_ranks.sort_unstable();
         Ok((Grown { comm, world_ranks }, me))
     })();
     mffi::free_comm(merged);
     joined.map(Some)
+}
+
+/// The members' message: `[n, n member world ranks, m, m new world ranks]`, read as the
+/// members and the new ranks (`None` for a message of another shape).
+fn layout(words: &[u64]) -> Option<(Vec<usize>, Vec<usize>)> {
+    let (&n, rest) = words.split_first()?;
+    let members = rest.get(..usize::try_from(n).ok()?)?;
+    let (&m, rest) = rest.get(members.len()..)?.split_first()?;
+    let ranks = rest.get(..usize::try_from(m).ok()?)?;
+    let list = |w: &[u64]| w.iter().map(|&r| r as usize).collect();
+    Some((list(members), list(ranks)))
 }
 
 /// This program and its arguments, as `MPI_Comm_spawn` takes them.

@@ -197,8 +197,8 @@ impl ThreadGroup {
                     .into(),
             })?;
         let current = &self.shared.world_ranks;
-        crate::group::validate_grow(current, ranks)?;
         crate::group::check_same_grow(self, ranks)?;
+        crate::group::validate_grow(current, ranks)?;
         let mut world: Vec<usize> = current.iter().chain(ranks).copied().collect();
         world.sort_unstable();
         let host = |r: usize| spawner.hosts.get(r).copied().unwrap_or(0);

@@ -161,7 +161,9 @@ impl ThreadWorld {
             .collect()
     }
 
-    /// Run `f` on every worker thread with its world group; returns the results in rank order.
+    /// Run `f` on every worker thread with its world group; returns the results in rank order
+    /// (then those of the workers a [`grow`](crate::ProcessGroup::grow) added, in the order
+    /// they started).
     ///
     /// A panicking worker drops its handle while unwinding, so its peers' collectives fail fast
     /// with the rank named; the panic itself is reported here as [`WorkerPanicked`] (lowest rank
@@ -224,12 +226,17 @@ impl ThreadWorld {
             let mut handles: Vec<_> = groups.into_iter().map(|g| start(g, tx.clone())).collect();
             let mut running = handles.iter().filter(|(_, h)| h.is_ok()).count();
             // Ends of workers and handles of added workers arrive on two channels; poll both
-            // (a grow is rare, so a short sleep between polls costs nothing measurable).
-            while running > 0 {
+            // (a grow is rare, so a short sleep between polls costs nothing measurable). A
+            // worker sends the handles it adds before it reports its end, so once every end is
+            // in, a last look at the handles finds any sent meanwhile.
+            loop {
                 while let Ok(g) = grow_rx.try_recv() {
                     let (rank, h) = start(g, tx.clone());
                     running += usize::from(h.is_ok());
                     handles.push((rank, h));
+                }
+                if running == 0 {
+                    break;
                 }
                 match rx.recv_timeout(Duration::from_millis(5)) {
                     Ok(WorkerEnded) => running -= 1,

@@ -145,10 +145,16 @@ fn a_member_rank_or_disagreeing_lists_are_refused() {
             let twice = g.grow(&[5, 5]);
             let mine = if g.rank() == 0 { [2] } else { [3] };
             let disagree = g.grow(&mine);
-            (member, empty, twice, disagree)
+            let lengths: &[usize] = if g.rank() == 0 { &[2] } else { &[2, 3] };
+            let longer = g.grow(lengths);
+            (member, empty, twice, disagree, longer)
         })
         .unwrap();
-    for (member, empty, twice, disagree) in out {
+    for (member, empty, twice, disagree, longer) in out {
+        match longer {
+            Err(CommError::InvalidConfig(m)) => assert!(m.contains("different ranks"), "{m}"),
+            other => panic!("expected the lists' disagreement, got {other:?}"),
+        }
         assert!(matches!(member, Err(CommError::InvalidConfig(_))));
         assert!(matches!(empty, Err(CommError::InvalidConfig(_))));
         assert!(matches!(twice, Err(CommError::InvalidConfig(_))));

@@ -112,3 +112,46 @@ fn repeated_failures_and_failures_mid_iteration_or_mid_checkpoint() {
     let (_, run, _dir) = check("diloco", 4, "panic@3:2");
     assert!(membership_rows(&run)[1].starts_with("0,2,3,3,4,"));
 }
+
+/// A replacement for a rank the saving world did not have takes a copy of the sender's state:
+/// a 4-worker job resumed from a 3-worker checkpoint (`resume-ranks = [0, 1, 2, 0]`: rank 3
+/// starts as a copy of saved rank 0) loses rank 3 before its first checkpoint; its replacement
+/// again starts as a copy of the sender's saved rank 0, so the run ends as the same resumed
+/// run without a failure.
+#[test]
+fn a_rank_the_saving_world_lacked_is_replaced_by_a_copy_of_the_sender() {
+    let dir = tempfile::tempdir().unwrap();
+    let three = |run: &Path| {
+        let mut a = args("local-sgd", run, 3, 4, 4);
+        a.extend(["--on-rank-failure".into(), "replace".into()]);
+        a
+    };
+    let resumed = |run: &Path| {
+        let mut a = args("local-sgd", run, 4, 4, STEPS);
+        a.extend([
+            "--on-rank-failure".into(),
+            "replace".into(),
+            "--resume".into(),
+            "true".into(),
+            "--resume-ranks".into(),
+            "0,1,2,0".into(),
+        ]);
+        a
+    };
+    let (run, reference) = (dir.path().join("replace"), dir.path().join("reference"));
+    for r in [&run, &reference] {
+        localsgd(&three(r), None);
+    }
+    let out = localsgd(&resumed(&run), Some("panic@3:6"));
+    assert!(
+        out.contains(
+            "rank(s) [3] left at iteration 6, replaced by new workers [3]: 4 workers \
+             continued from iteration 4"
+        ),
+        "{out}"
+    );
+    localsgd(&resumed(&reference), None);
+    let (_, got) = final_params(&run, "local-sgd");
+    let (_, want) = final_params(&reference, "local-sgd");
+    assert_eq!(got, want);
+}
