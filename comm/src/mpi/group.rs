@@ -90,11 +90,31 @@ impl MpiGroup {
         let comm = mffi::comm_world();
         let rank = mffi::comm_rank(comm)?;
         let size = mffi::comm_size(comm)?;
-        Ok(Self {
+        Ok(Self::top(
+            runtime,
+            config,
             comm,
-            owned: false,
             rank,
-            world_ranks: (0..size).collect(),
+            (0..size).collect(),
+            false,
+        ))
+    }
+
+    /// A world group of this process: `MPI_COMM_WORLD` (not owned), or a replacement's grown
+    /// communicator (`joined`, owned).
+    fn top(
+        runtime: Arc<Runtime>,
+        config: MpiConfig,
+        comm: Comm,
+        rank: usize,
+        world_ranks: Vec<usize>,
+        joined: bool,
+    ) -> Self {
+        Self {
+            comm,
+            owned: joined,
+            rank,
+            world_ranks: world_ranks.into(),
             traffic: TrafficChain::root(),
             config,
             runtime,
@@ -103,8 +123,8 @@ impl MpiGroup {
             hurry: false,
             shrunk: std::sync::atomic::AtomicBool::new(false),
             epoch: 0,
-            joined: false,
-        })
+            joined,
+        }
     }
 
     /// The world group of a replacement process (see `spawn`): the communicator the members
@@ -116,34 +136,22 @@ impl MpiGroup {
     ) -> Result<Self, CommError> {
         let comm = grown.comm;
         let rank = mffi::comm_rank(comm)?;
-        // Kept for the barrier before leaving, as after a shrink.
-        // SAFETY: a null handle is overwritten by MPI_Comm_dup on success; `comm` is live and
-        // the members dup their grown communicator at the same point.
-        let mut keep: ffi::MPI_Comm = unsafe { std::mem::zeroed() };
-        // SAFETY: valid communicator.
-        let rc = unsafe { ffi::MPI_Comm_dup(comm.0, &mut keep) };
-        check(rc, || "MPI_Comm_dup".into())?;
-        runtime.keep_survivors(Comm(keep));
+        // Kept for the barrier before leaving, as after a shrink (the members dup their grown
+        // communicator at the same point).
+        runtime.keep_duplicate(comm)?;
         runtime
             .comms
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push((comm, 0));
-        Ok(Self {
-            comm,
-            owned: true,
-            rank,
-            world_ranks: grown.world_ranks.into(),
-            traffic: TrafficChain::root(),
-            config,
+        Ok(Self::top(
             runtime,
-            issue: Mutex::new(()),
-            poll: None,
-            hurry: false,
-            shrunk: std::sync::atomic::AtomicBool::new(false),
-            epoch: 0,
-            joined: true,
-        })
+            config,
+            comm,
+            rank,
+            grown.world_ranks,
+            true,
+        ))
     }
 
     /// A group over a communicator this rank just created from `self` (called inside one of
@@ -729,12 +737,9 @@ impl ProcessGroup for MpiGroup {
             }
         };
         // The runtime's own handle on the survivors, for the barrier before leaving
-        // (`MpiWorld::exit_after_failure`); the group's is freed with the group.
-        // SAFETY: a null handle is overwritten by MPI_Comm_dup on success; `comm` is live.
-        let mut keep: ffi::MPI_Comm = unsafe { std::mem::zeroed() };
-        // SAFETY: valid communicator, every survivor calls it here.
-        let rc = unsafe { ffi::MPI_Comm_dup(comm.0, &mut keep) };
-        if let Err(e) = check(rc, || "MPI_Comm_dup".into()) {
+        // (`MpiWorld::exit_after_failure`); the group's is freed with the group. Every survivor
+        // calls it here.
+        if let Err(e) = self.runtime.keep_duplicate(comm) {
             mffi::free_comm(comm);
             return Err(e);
         }
@@ -742,7 +747,6 @@ impl ProcessGroup for MpiGroup {
         // communicators revokes them, never it.
         self.runtime.next_epoch(self.epoch);
         let group = self.child(comm, members, self.traffic.clone())?;
-        self.runtime.keep_survivors(Comm(keep));
         Ok(Arc::new(group))
     }
 
@@ -766,16 +770,12 @@ impl ProcessGroup for MpiGroup {
         self.runtime
             .dynamic
             .store(true, std::sync::atomic::Ordering::Release);
-        // SAFETY: a null handle is overwritten by MPI_Comm_dup on success; `grown.comm` is live.
-        let mut keep: ffi::MPI_Comm = unsafe { std::mem::zeroed() };
-        // SAFETY: valid communicator; every process of it calls this here (the replacements
-        // in `MpiGroup::joined`).
-        let rc = unsafe { ffi::MPI_Comm_dup(grown.comm.0, &mut keep) };
-        if let Err(e) = check(rc, || "MPI_Comm_dup".into()) {
+        // Every process of the grown communicator calls this here (the replacements in
+        // `MpiGroup::joined`).
+        if let Err(e) = self.runtime.keep_duplicate(grown.comm) {
             mffi::free_comm(grown.comm);
             return Err(e);
         }
-        self.runtime.keep_survivors(Comm(keep));
         let group = self.child(grown.comm, grown.world_ranks, self.traffic.clone())?;
         Ok(Arc::new(group))
     }

@@ -260,18 +260,24 @@ impl Runtime {
         epoch + 1
     }
 
-    /// Keep `comm` (a duplicate of the latest survivors' or grown communicator, owned here) for
-    /// the barrier before leaving ([`MpiWorld::exit_after_failure`]), freeing the one it
-    /// replaces.
-    pub(crate) fn keep_survivors(&self, comm: Comm) {
+    /// Keep a duplicate of `comm` (the latest survivors' or grown communicator), owned here,
+    /// for the barrier before leaving ([`MpiWorld::exit_after_failure`]), freeing the one it
+    /// replaces. Collective over `comm` (`MPI_Comm_dup`).
+    pub(crate) fn keep_duplicate(&self, comm: Comm) -> Result<(), CommError> {
+        // SAFETY: a null handle is overwritten by MPI_Comm_dup on success.
+        let mut keep: mpi::ffi::MPI_Comm = unsafe { std::mem::zeroed() };
+        // SAFETY: `comm` is a live communicator.
+        let rc = unsafe { mpi::ffi::MPI_Comm_dup(comm.0, &mut keep) };
+        ffi::check(rc, || "MPI_Comm_dup".into())?;
         let old = self
             .survivors
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .replace(comm);
+            .replace(Comm(keep));
         if let Some(old) = old {
             ffi::free_comm(old);
         }
+        Ok(())
     }
 
     /// Enter an MPI call: fails after finalisation, holds the serialising lock if there is one.
