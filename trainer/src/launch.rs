@@ -152,6 +152,7 @@ pub(crate) fn report(cfg: &TrainConfig, outcome: &RankOutcome, dir: &Path) -> Re
         result: r0,
         totals,
         wall_seconds: wall,
+        workers,
         membership,
     } = outcome;
     let wall = *wall;
@@ -174,7 +175,7 @@ pub(crate) fn report(cfg: &TrainConfig, outcome: &RankOutcome, dir: &Path) -> Re
     };
     println!(
         "trained {} iterations on {} workers ({:?}, {:?} backend) in {:.2}s: {throughput}",
-        r0.iterations, cfg.workers, cfg.algorithm, cfg.backend, wall,
+        r0.iterations, workers, cfg.algorithm, cfg.backend, wall,
     );
     for change in membership {
         let replaced = if change.joined.is_empty() {
@@ -243,7 +244,7 @@ pub(crate) fn report(cfg: &TrainConfig, outcome: &RankOutcome, dir: &Path) -> Re
             "test_loss": e.loss,
         })).collect::<Vec<_>>(),
         "iterations": r0.iterations,
-        "workers": cfg.workers,
+        "workers": workers,
         "world_size": ranks.len(),
         "membership": membership,
         "backend": cfg.backend,

@@ -9,7 +9,9 @@
 //! and ends the job (exit code 2): through `MPI_Abort` for MPI; for NCCL the rank exits and its
 //! peers fail at their next collective after the collective timeout (or, blocked inside NCCL,
 //! are ended by the watchdog). Returning normally would leave the other ranks waiting in their
-//! next collective.
+//! next collective. A replacement process (`on-rank-failure = "replace"`, started by the
+//! survivors of a failure) goes straight into the run, and on an error exits alone: the ranks
+//! it joined treat its end as a failed rank.
 
 use crate::launch::{describe, prepare_run_dir, progress_bar, report};
 use crate::process_world::ProcessWorld;

@@ -625,8 +625,8 @@ impl Start {
 }
 
 /// What a rank carries across a change of its world ([`run_rank`] with `on-rank-failure =
-/// "continue"` or `"replace"`): the progress callback, the faults still to inject, the membership changes so
-/// far and where training stood.
+/// "continue"` or `"replace"`): the progress callback, the faults still to inject, the
+/// membership changes so far and where training stood.
 struct RankState {
     progress: Option<Progress>,
     faults: Vec<Fault>,
@@ -1284,6 +1284,9 @@ pub struct RankOutcome {
     /// The slowest rank's training wall time in seconds (the job is as fast as its slowest
     /// rank; the same on every rank).
     pub wall_seconds: f64,
+    /// The configured number of workers (the world's size at the start; a replacement learns
+    /// it from the rank that handed it its state).
+    pub workers: usize,
     /// The changes of the ranks the run trained on, in order (`on-rank-failure =
     /// "continue"` or `"replace"`; empty when every rank finished). The same on every rank of
     /// the final world except `recovery_seconds`, each rank's own.
@@ -1351,12 +1354,13 @@ pub fn run_rank(
             }
         };
         let detected = Instant::now();
-        // A change whose new world failed before completing an iteration is recorded now.
-        let failed_again = state.recovering.take().is_some();
-        if failed_again {
-            recovered(&mut state.membership, None, group.rank(), run_dir)?;
-        }
+        let unrecovered = state.recovering.take().is_some();
         let survivors = group.shrink()?;
+        // A change whose new world failed before completing an iteration here is recorded now
+        // (by the survivors' rank 0: the old world's may be the rank that left).
+        if unrecovered {
+            recovered(&mut state.membership, None, survivors.rank(), run_dir)?;
+        }
         let old: Vec<usize> = group.world_ranks().to_vec();
         let members: Vec<usize> = survivors.world_ranks().to_vec();
         let left: Vec<usize> = old
@@ -1368,7 +1372,7 @@ pub fn run_rank(
             // Every rank is alive: the failure was not a lost rank after all.
             return Err(failure);
         }
-        let next = continue_point(&state, &survivors, run_dir)?;
+        let (next, failed_again) = continue_point(&state, &survivors, run_dir, unrecovered)?;
         // A world that failed again before training an iteration is not grown again (a
         // replacement that cannot get going would be replaced forever): it continues as is.
         let replace = cfg.on_rank_failure == RankFailure::Replace && !failed_again;
@@ -1430,6 +1434,7 @@ pub fn run_rank(
         result,
         totals,
         wall_seconds: wall[0],
+        workers: cfg.workers,
         membership: state.membership,
     })
 }
@@ -1441,6 +1446,8 @@ struct Handover {
     /// The saved rank whose file of the latest checkpoint follows (`None`: the world starts
     /// over from the initial weights, there being no checkpoint of this job).
     saved_rank: Option<usize>,
+    /// Iterations that checkpoint holds (0 without one).
+    iterations: u64,
     /// Iterations the old world had completed when the failure reached it: the replaced
     /// rank's injected faults up to there have happened.
     detected_at: u64,
@@ -1470,6 +1477,7 @@ impl Handover {
         PreparedHandover {
             header: Self {
                 saved_rank: None,
+                iterations: 0,
                 detected_at: state.iteration,
                 since_detected: 0.0,
                 workers: cfg.workers,
@@ -1508,7 +1516,7 @@ impl PreparedHandover {
             error: None,
             ..self.header
         };
-        let file = (|| -> Result<Option<(usize, Vec<u8>)>, String> {
+        let file = (|| -> Result<Option<(usize, Vec<u8>, u64)>, String> {
             let (Some(own), Some(dir)) = (self.own, &self.dir) else {
                 return Ok(None);
             };
@@ -1520,14 +1528,15 @@ impl PreparedHandover {
                 .iter()
                 .position(|&m| m == job_rank)
                 .unwrap_or(own);
-            let (bytes, _) = checkpoints
+            let (bytes, iterations) = checkpoints
                 .latest_rank_bytes(saved_rank, spec)
                 .map_err(|e| e.to_string())?;
-            Ok(Some((saved_rank, bytes)))
+            Ok(Some((saved_rank, bytes, iterations)))
         })();
         let bytes = match file {
-            Ok(Some((saved_rank, bytes))) => {
+            Ok(Some((saved_rank, bytes, iterations))) => {
                 header.saved_rank = Some(saved_rank);
+                header.iterations = iterations;
                 bytes
             }
             Ok(None) => Vec::new(),
@@ -1599,16 +1608,25 @@ fn receive_handover(grown: &Group, state: &mut RankState) -> Result<(Start, usiz
         .faults
         .retain(|f| !(f.rank == job_rank && f.iteration <= handover.detected_at));
     state.membership = handover.membership;
+    // The recovery started at the failure (the sender's time to it, not counting the
+    // transfer).
     let now = Instant::now();
     state.recovering = Some(
-        now.checked_sub(Duration::from_secs_f64(handover.since_detected.max(0.0)))
+        Duration::try_from_secs_f64(handover.since_detected)
+            .ok()
+            .and_then(|d| now.checked_sub(d))
             .unwrap_or(now),
     );
     let start = match handover.saved_rank {
-        Some(saved_rank) => Start::Received {
-            bytes: file.to_vec(),
-            saved_rank,
-        },
+        Some(saved_rank) => {
+            // Should this world fail before its first checkpoint, this rank goes back to the
+            // same one (its file is in the run directory like everyone's).
+            state.remember_checkpoint(handover.iterations, saved_rank);
+            Start::Received {
+                bytes: file.to_vec(),
+                saved_rank,
+            }
+        }
         None => Start::Fresh,
     };
     Ok((start, handover.workers))
@@ -1641,7 +1659,8 @@ fn continue_point(
     state: &RankState,
     survivors: &Group,
     run_dir: Option<&Path>,
-) -> Result<Start, RunError> {
+    failed_again: bool,
+) -> Result<(Start, bool), RunError> {
     let dir = run_dir.ok_or_else(|| {
         RunError::Config(SettingError::new(
             "on-rank-failure",
@@ -1655,8 +1674,13 @@ fn continue_point(
         Err(e) => return Err(e.into()),
     };
     // Every survivor must continue from the same checkpoint: a file system that shows the
-    // hosts different `latest` files (stale metadata caches) would part them.
-    let seen = survivors.all_gather_u64(&[latest.unwrap_or(u64::MAX)])?;
+    // hosts different `latest` files (stale metadata caches) would part them. Whether the
+    // world failed again before an iteration is agreed too (a survivor may have completed the
+    // iteration another did not).
+    let gathered =
+        survivors.all_gather_u64(&[latest.unwrap_or(u64::MAX), u64::from(failed_again)])?;
+    let failed_again = gathered.chunks(2).any(|g| g[1] == 1);
+    let seen: Vec<u64> = gathered.chunks(2).map(|g| g[0]).collect();
     if seen.iter().any(|&s| s != seen[0]) {
         let named: Vec<String> = seen
             .iter()
@@ -1675,19 +1699,20 @@ fn continue_point(
         )));
     }
     let Some(latest) = latest else {
-        return Ok(Start::Fresh);
+        return Ok((Start::Fresh, failed_again));
     };
-    match state.checkpoints.iter().find(|&&(i, _)| i == latest) {
-        Some(&(_, saved_rank)) => Ok(Start::ResumeFrom(saved_rank)),
+    let start = match state.checkpoints.iter().find(|&&(i, _)| i == latest) {
+        Some(&(_, saved_rank)) => Start::ResumeFrom(saved_rank),
         None => {
             tracing::warn!(
                 latest,
                 "the latest checkpoint in {} is not this job's: the survivors start over",
                 dir.display()
             );
-            Ok(Start::Fresh)
+            Start::Fresh
         }
-    }
+    };
+    Ok((start, failed_again))
 }
 
 /// The new world completed its first iteration after a membership change (`since`: when the

@@ -754,7 +754,8 @@ impl ProcessGroup for MpiGroup {
     /// rank (each finds its parents in [`MpiWorld::init`](super::MpiWorld::init) and gets a
     /// world group that says [`joined`](ProcessGroup::joined)), merged with the members and
     /// ordered by world rank. The job needs free slots (`mpirun --oversubscribe`: a failed
-    /// rank's slot is not given back); a spawn that fails is an error on every member, whose
+    /// rank's slot is not given back); a spawn that fails, or a new process that dies while
+    /// joining, is a [`CommError::Backend`] error on every member (not a failed peer), whose
     /// group stays usable. The new group counts on this group's traffic counters.
     fn grow(&self, ranks: &[usize]) -> Result<Group, CommError> {
         crate::group::check_same_grow(self, ranks)?;

@@ -206,9 +206,10 @@ pub(crate) struct Runtime {
     /// The current epoch: how many shrinks this process has been through. A group belongs to
     /// the epoch it was created in; a shrink's group starts the next one.
     epoch: AtomicU64,
-    /// A duplicate of the last shrink's communicator, owned here and never freed (the groups'
-    /// communicators are freed with them): the job lost a rank, `MPI_Finalize` is skipped and
-    /// `MpiWorld::exit_after_failure` meets the survivors on it.
+    /// A duplicate of the last shrink's or grow's communicator (or a replacement's grown world),
+    /// owned here (the groups' communicators are freed with them; the next shrink or grow frees
+    /// the one it replaces): the job lost a rank, `MPI_Finalize` is skipped and
+    /// `MpiWorld::exit_after_failure` meets the final world on it.
     survivors: Mutex<Option<Comm>>,
     /// Whether this process shares a communicator with processes of another job: it started
     /// replacements (`grow`) or is one. Every communicator must then be freed before leaving
@@ -504,7 +505,7 @@ impl MpiWorld {
         };
         if let Ok(_serial) = self.runtime.enter() {
             // SAFETY: `comm` is the runtime's own duplicate of the last shrink's (or grow's)
-            // communicator, never freed. A survivor that failed meanwhile only makes the
+            // communicator, freed only below. A survivor that failed meanwhile only makes the
             // barrier fail.
             let _ = unsafe { mpi::ffi::MPI_Barrier(comm.0) };
             if self.runtime.dynamic.load(Ordering::Acquire) {

@@ -95,16 +95,22 @@ pub(crate) fn spawn_replacements(
         }));
     }
     let all_started = everyone.chunks(2).all(|f| f[1] == 1);
+    // From here on an error is the new processes' (one that died while starting makes these
+    // calls fail as a failed peer would): it is a failed spawn, which the members survive as
+    // such, not a failure of their own group.
+    let lost = |e: CommError| failed(format!("a new process failed while joining: {e}"));
     let inter = Comm(inter);
     let merged = merge(inter, false);
     mffi::free_comm(inter);
-    let merged = merged?;
+    let merged = merged.map_err(lost)?;
     if !all_started {
         // Some processes started, some did not: tell the ones that did to give up.
         let told = broadcast_words(merged, (rank == 0).then(|| vec![GIVE_UP]));
         mffi::free_comm(merged);
-        told?;
-        return Err(failed("not every process started".into()));
+        return Err(match told {
+            Ok(_) => failed("not every process started".into()),
+            Err(e) => lost(e),
+        });
     }
     // The new processes learn who is who from the members' rank 0.
     let mut words: Vec<u64> = Vec::with_capacity(2 + size + ranks.len());
@@ -115,7 +121,7 @@ pub(crate) fn spawn_replacements(
     let sent = broadcast_words(merged, (rank == 0).then_some(words));
     let grown = sent.and_then(|_| split_by_world_rank(merged, members[rank]));
     mffi::free_comm(merged);
-    let comm = grown?;
+    let comm = grown.map_err(lost)?;
     let mut world_ranks: Vec<usize> = members.iter().chain(ranks).copied().collect();
     world_ranks.sort_unstable();
     Ok(Grown { comm, world_ranks })

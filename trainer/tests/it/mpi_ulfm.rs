@@ -326,6 +326,9 @@ fn a_replacement_that_fails_is_replaced_again() {
     let summary: serde_json::Value =
         serde_json::from_slice(&std::fs::read(replaced.join("summary.json")).unwrap()).unwrap();
     assert_eq!(summary["world_size"], 4);
+    // Written by rank 0's second replacement, which learned the configured size from a live
+    // rank.
+    assert_eq!(summary["workers"], 4);
     assert_eq!(summary["membership"].as_array().map(Vec::len), Some(2));
 }
 
