@@ -26,49 +26,12 @@ fn prefix() -> PathBuf {
     p
 }
 
-/// The settings of these runs: DiLoCo on synthetic data, a checkpoint every iteration,
-/// `continue` after a failure.
+/// The settings of these runs: the thread tests' (`rank_failure::args`) with DiLoCo, a
+/// checkpoint every iteration, `continue` after a failure.
 fn args(run: &Path, workers: usize, steps: u64) -> Vec<String> {
-    [
-        "train",
-        "--algorithm",
-        "diloco",
-        "--period",
-        "3",
-        "--warmup",
-        "2",
-        "--dataset",
-        "synthetic",
-        "--synthetic-samples",
-        "400",
-        "--synthetic-dim",
-        "6",
-        "--synthetic-classes",
-        "3",
-        "--hidden",
-        "8",
-        "--batch-size",
-        "16",
-        "--progress",
-        "false",
-        "--checkpoint-every",
-        "1",
-        "--timeout-secs",
-        "30",
-        "--on-rank-failure",
-        "continue",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .chain([
-        "--workers".into(),
-        workers.to_string(),
-        "--steps".into(),
-        steps.to_string(),
-        "--run-dir".into(),
-        run.display().to_string(),
-    ])
-    .collect()
+    let mut a = super::rank_failure::args("diloco", run, workers, 1, steps);
+    a.extend(["--on-rank-failure".into(), "continue".into()]);
+    a
 }
 
 /// `ranks` processes of the binary under Open MPI 5's `mpirun --with-ft ulfm`, with the
@@ -94,7 +57,7 @@ fn ulfm_job(ranks: usize, args: &[String], fault: &str) -> Output {
             // Free slots for replacement processes (`replace`), as a failed rank's slot is
             // not given back.
             "--oversubscribe",
-            // Open MPI's ofi transport costs every process start about a second here.
+            // Open MPI's ofi transport slows every process start (a replacement's too).
             "--mca",
             "btl",
             "^ofi",
@@ -239,11 +202,14 @@ fn a_process_dying_inside_an_iteration_is_survived() {
     assert_eq!(members, vec![0, 1, 3]);
 }
 
-/// `args` with `on-rank-failure = "replace"`.
+/// `args` with `on-rank-failure = "replace"` and without `workers` (the world size: a
+/// replacement learns the configured number from a live rank).
 fn replace_args(run: &Path, steps: u64) -> Vec<String> {
     let mut a = args(run, 4, steps);
     let at = a.iter().position(|x| x == "continue").unwrap();
     a[at] = "replace".into();
+    let at = a.iter().position(|x| x == "--workers").unwrap();
+    a.drain(at..at + 2);
     a
 }
 
