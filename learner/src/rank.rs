@@ -309,6 +309,19 @@ impl<'a, 's, M: LearnerModel> RankLoop<'a, 's, M> {
                 state.world, state.algorithm, self.world,
             )));
         }
+        // The strategy's other settings follow the binary's rule: those that change the step's
+        // numbers are fixed by the checkpoint (`timeout` and `keep_rank_checkpoints` may
+        // change).
+        let now = crate::state::fixed_settings(self.shared.config);
+        if let Some(saved) = &state.settings
+            && let Some((was, is)) = saved.iter().zip(&now).find(|(a, b)| a != b)
+        {
+            return Err(StrategyError::Resume(format!(
+                "the checkpoint after epoch {epoch} was written with `{was}`, this run has \
+                 `{is}`: the step's numbers depend on it; resume with `{was}`, or start a new \
+                 run in another directory"
+            )));
+        }
         if let Some(c) = &self.checkpointer {
             let model = dir.model_path(self.rank, epoch);
             if !model.exists() {
@@ -368,6 +381,17 @@ impl<'a, 's, M: LearnerModel> RankLoop<'a, 's, M> {
         // Only rank 0 validates (and forks the validation loader's generator).
         let valid =
             (self.rank == 0).then(|| shared.valid.to_device(&shared.device.clone().inner()));
+        // A shuffling loader draws each epoch's order from its generator when the epoch's
+        // iterator is made (burn's `DataLoader::iter`): a resumed run draws, and drops, one per
+        // epoch already trained, so that its epochs see the uninterrupted run's orders. (A
+        // multi-threaded loader's workers may batch an item of each before they see the
+        // iterator gone.)
+        for _ in 1..shared.starting_epoch {
+            drop(shard.iter());
+            if let Some(valid) = &valid {
+                drop(valid.iter());
+            }
+        }
         let interrupter = shared.interrupter;
         for epoch in shared.starting_epoch..=shared.num_epochs {
             if self.rank == 0 {
@@ -528,6 +552,7 @@ impl<'a, 's, M: LearnerModel> RankLoop<'a, 's, M> {
                 world: self.world,
                 algorithm: self.shared.config.algorithm.identity(),
                 iterations: pipeline.iterations_done,
+                settings: Some(crate::state::fixed_settings(self.shared.config)),
             };
             dir.save(
                 &state,

@@ -33,6 +33,21 @@ pub struct RankState {
     pub algorithm: String,
     /// Optimizer steps taken so far (the pipeline state file holds the rest).
     pub iterations: u64,
+    /// The strategy's settings that change the step's numbers (`buffers`, `clip_grad_norm`,
+    /// `skip_non_finite`), as `setting = value` lines: a resume must keep them, as it must the
+    /// algorithm. Absent in files written before they were recorded.
+    #[serde(default)]
+    pub settings: Option<Vec<String>>,
+}
+
+/// The settings of `config` that a resume must keep besides the algorithm, as
+/// [`RankState::settings`] records them.
+pub(crate) fn fixed_settings(config: &crate::StrategyConfig) -> Vec<String> {
+    vec![
+        format!("buffers = {:?}", config.buffers),
+        format!("clip_grad_norm = {:?}", config.clip_grad_norm),
+        format!("skip_non_finite = {}", config.skip_non_finite),
+    ]
 }
 
 /// Where the strategy keeps its files: `<directory>/checkpoint/localsgd/`.

@@ -21,7 +21,9 @@ use burn_train::{
     TrainStep, TrainingStrategy,
 };
 use localsgd_comm::params::{FlatBuffer, ParamSelection, flatten_params};
-use localsgd_learner::{AlgorithmKind, AlgorithmSpec, LocalSgdStrategy, StrategyReport};
+use localsgd_learner::{
+    AlgorithmKind, AlgorithmSpec, ConsoleRenderer, LocalSgdStrategy, StrategyReport,
+};
 use localsgd_pipeline::optim::FusedSgdConfig;
 use localsgd_trainer::model::{Mlp, MlpConfig};
 
@@ -159,6 +161,9 @@ pub fn train(
     Ok(SupervisedTraining::new(dir, train, valid)
         .with_training_strategy(TrainingStrategy::Custom(strategy))
         .with_application_logger(None)
+        // One line per epoch (rank 0 feeds burn-train's events), not burn-train's default
+        // renderer, which prints every progress snapshot's debug form without a terminal UI.
+        .renderer(Box::new(ConsoleRenderer::new()))
         .num_epochs(epochs)
         .launch(Learner::new(Net::new(&device()), optimizer()?, LR)))
 }

@@ -111,7 +111,19 @@ pub fn run_strategy_with_lr(
     lr: f64,
     customize: impl FnOnce(SupervisedTraining<Net>) -> SupervisedTraining<Net>,
 ) -> LearningResult<Net> {
-    let (train, valid) = loaders();
+    run_strategy_on(dir, config, epochs, resume_from, lr, loaders(), customize)
+}
+
+/// [`run_strategy_with_lr`] on the given loaders.
+pub fn run_strategy_on(
+    dir: &Path,
+    config: StrategyConfig,
+    epochs: usize,
+    resume_from: Option<usize>,
+    lr: f64,
+    (train, valid): (Loader, Loader),
+    customize: impl FnOnce(SupervisedTraining<Net>) -> SupervisedTraining<Net>,
+) -> LearningResult<Net> {
     let strategy = LocalSgdStrategy::new(config, device())
         .unwrap()
         .with_directory(dir);

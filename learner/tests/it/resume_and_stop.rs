@@ -69,6 +69,29 @@ fn a_stopped_and_resumed_run_equals_the_uninterrupted_one() {
     check_resume(config());
 }
 
+/// With a shuffled training loader (burn's `DataLoaderBuilder::shuffle`), the resumed epoch 3
+/// shuffles as the uninterrupted run's epoch 3 did: the parameters are equal to the bit.
+#[test]
+fn a_shuffled_run_resumes_with_the_uninterrupted_runs_order() {
+    let shuffled = || loaders_shuffled(Some(7));
+    let full_dir = tempfile::tempdir().unwrap();
+    let full = run_strategy_on(full_dir.path(), config(), 3, None, LR, shuffled(), |t| t);
+    assert!(full.error.is_none(), "{:?}", full.error);
+    // Shuffling changes the run (else the test would prove nothing).
+    let plain_dir = tempfile::tempdir().unwrap();
+    let plain = run_strategy(plain_dir.path(), config(), 3, None, |t| t);
+    assert_ne!(params(&plain.model), params(&full.model));
+
+    let dir = tempfile::tempdir().unwrap();
+    let first = run_strategy_on(dir.path(), config(), 3, None, LR, shuffled(), |t| {
+        t.early_stopping(StopAfter(2))
+    });
+    assert!(first.error.is_none(), "{:?}", first.error);
+    let resumed = run_strategy_on(dir.path(), config(), 3, Some(2), LR, shuffled(), |t| t);
+    assert!(resumed.error.is_none(), "{:?}", resumed.error);
+    assert_eq!(params(&resumed.model), params(&full.model));
+}
+
 /// DiLoCo's `θ` and outer momentum come back from the pipeline state file.
 #[test]
 fn diloco_resumes_with_theta_and_outer_momentum() {
@@ -135,4 +158,28 @@ fn an_interrupter_stop_ends_every_rank_promptly() {
     );
     assert!(result.error.is_none(), "{:?}", result.error);
     assert!(result.interrupted.is_some());
+}
+
+/// A resume with a strategy setting the checkpoint fixes (here `clip_grad_norm`) is refused,
+/// naming the saved and the given value; `timeout` may change.
+#[test]
+fn a_resume_with_another_fixed_setting_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = run_strategy(dir.path(), config(), 3, None, |t| {
+        t.early_stopping(StopAfter(1))
+    });
+    assert!(first.error.is_none(), "{:?}", first.error);
+    let mut clipped = config();
+    clipped.clip_grad_norm = Some(1.0);
+    let refused = run_strategy(dir.path(), clipped, 3, Some(1), |t| t);
+    let error = format!("{:?}", refused.error.expect("the resume is refused"));
+    assert!(
+        error.contains("written with `clip_grad_norm = None`")
+            && error.contains("this run has `clip_grad_norm = Some(1.0)`"),
+        "{error}"
+    );
+    let mut patient = config();
+    patient.timeout = Duration::from_secs(120);
+    let resumed = run_strategy(dir.path(), patient, 3, Some(1), |t| t);
+    assert!(resumed.error.is_none(), "{:?}", resumed.error);
 }
