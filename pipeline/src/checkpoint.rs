@@ -697,6 +697,42 @@ impl CheckpointDir {
         sync_dir(&self.root)
     }
 
+    /// Delete the sealed checkpoints older than the `keep` newest up to `latest` (0: keep
+    /// every one). `latest` itself and anything newer (a checkpoint sealed and not yet
+    /// published) are never deleted; nor are staging directories (`step-N.tmp`). Returns the
+    /// iterations of the checkpoints deleted, oldest first. Call it on one rank, after
+    /// [`publish`](Self::publish).
+    pub fn prune(&self, keep: usize) -> Result<Vec<u64>, CheckpointError> {
+        if keep == 0 {
+            return Ok(Vec::new());
+        }
+        let latest = match self.latest_iterations() {
+            Ok(i) => i,
+            Err(CheckpointError::Missing(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        let mut sealed: Vec<u64> = fs::read_dir(&self.root)
+            .map_err(io(&self.root))?
+            .filter_map(|entry| {
+                let name = entry.ok()?.file_name();
+                let n: u64 = name.to_str()?.strip_prefix("step-")?.parse().ok()?;
+                (n <= latest).then_some(n)
+            })
+            .collect();
+        sealed.sort_unstable();
+        let doomed = sealed.len().saturating_sub(keep);
+        let mut deleted = Vec::new();
+        for &n in &sealed[..doomed] {
+            let dir = self.step(n);
+            fs::remove_dir_all(&dir).map_err(io(&dir))?;
+            deleted.push(n);
+        }
+        if !deleted.is_empty() {
+            sync_dir(&self.root)?;
+        }
+        Ok(deleted)
+    }
+
     /// The newest complete checkpoint directory.
     pub fn latest(&self) -> Result<PathBuf, CheckpointError> {
         let latest = self.root.join("latest");
@@ -753,6 +789,16 @@ impl CheckpointDir {
                 ))
             })?;
         Ok((dir, saved))
+    }
+
+    /// The metadata of saved rank `rank`'s file of the latest checkpoint (iterations done, data
+    /// position, the identity it records), unchecked: what a tool needs to say how far a run
+    /// got before it resumes it.
+    pub fn latest_rank_meta(&self, rank: usize) -> Result<RankMeta, CheckpointError> {
+        let dir = self.latest()?;
+        let path = dir.join(format!("rank-{rank}.ckpt"));
+        let bytes = fs::read(&path).map_err(io(&path))?;
+        Ok(RankCheckpoint::decode(&path, &bytes)?.meta)
     }
 
     /// Load `rank`'s file from the latest checkpoint and check it belongs to a run with the same

@@ -41,6 +41,8 @@ pub enum Publish {
 pub struct Checkpoints {
     dir: CheckpointDir,
     identity: RunIdentity,
+    /// How many of the newest checkpoints publishing keeps (0: all).
+    keep: usize,
     /// Iterations held by the newest checkpoint this run saved or resumed from (0: none).
     latest: Arc<AtomicU64>,
 }
@@ -63,14 +65,28 @@ pub struct Resumed<M> {
 }
 
 impl Checkpoints {
+    /// How many of the newest checkpoints a run keeps unless told otherwise
+    /// ([`keep_last`](Self::keep_last)).
+    pub const DEFAULT_KEEP: usize = 3;
+
     /// The checkpoints of the run in `run_dir` (they live in `run_dir/checkpoints/`), by a run
-    /// with `identity` ([`RunIdentity::from_spec`]). Touches nothing on disk.
+    /// with `identity` ([`RunIdentity::from_spec`]), keeping the newest
+    /// [`DEFAULT_KEEP`](Self::DEFAULT_KEEP). Touches nothing on disk.
     pub fn new(run_dir: impl AsRef<Path>, identity: RunIdentity) -> Self {
         Self {
             dir: CheckpointDir::new(run_dir.as_ref()),
             identity,
+            keep: Self::DEFAULT_KEEP,
             latest: Arc::new(AtomicU64::new(0)),
         }
+    }
+
+    /// Keep the newest `keep` checkpoints (0: every one): each publish deletes the older ones
+    /// ([`CheckpointDir::prune`]; never the one `latest` names, which a resume or a recovery
+    /// after a failed rank continues from, nor one newer than it).
+    pub fn keep_last(mut self, keep: usize) -> Self {
+        self.keep = keep;
+        self
     }
 
     /// The `checkpoints/` directory (lower-level: the files of one rank, the latest
@@ -120,7 +136,7 @@ impl Checkpoints {
         if rank == 0 {
             self.dir.seal(done, &self.identity)?;
             if publish == Publish::Now {
-                self.dir.publish(done)?;
+                self.publish(done)?;
             }
         }
         ctx.group.barrier()?;
@@ -190,9 +206,12 @@ impl Checkpoints {
     }
 
     /// Point `latest` at the sealed checkpoint of `iterations_done` iterations (after a save
-    /// with [`Publish::Later`]). Call it on one rank, once the checkpoint's save returned there.
+    /// with [`Publish::Later`]), then delete the checkpoints beyond the newest
+    /// [`keep_last`](Self::keep_last). Call it on one rank, once the checkpoint's save returned
+    /// there.
     pub fn publish(&self, iterations_done: u64) -> Result<(), CheckpointError> {
-        self.dir.publish(iterations_done)
+        self.dir.publish(iterations_done)?;
+        self.dir.prune(self.keep).map(|_| ())
     }
 
     /// Continue this run from its latest published checkpoint: load `rank`'s file (normally

@@ -237,6 +237,8 @@ pub struct Pipeline<M> {
     skipped_steps: u64,
     /// The start broadcast is still to run (fresh run with `broadcast_start`).
     start_pending: bool,
+    /// What the start broadcast sent (nothing until it ran).
+    start_traffic: Traffic,
     times: PhaseTimes,
     checkpointer: Option<Checkpointer<M>>,
     observer: Option<PhaseObserver>,
@@ -281,6 +283,7 @@ impl<M: Module> Pipeline<M> {
             iteration: 0,
             skipped_steps: 0,
             start_pending: broadcast_start,
+            start_traffic: Traffic::default(),
             times: PhaseTimes::default(),
             checkpointer: None,
             observer: None,
@@ -353,6 +356,14 @@ impl<M: Module> Pipeline<M> {
     /// Optimizer steps skipped for non-finite gradients.
     pub fn skipped_steps(&self) -> u64 {
         self.skipped_steps
+    }
+
+    /// What this rank's start broadcast sent (rank 0's parameters and buffers before the first
+    /// iteration of a fresh run, with [`PipelineOptions::broadcast_start`]): counted by the
+    /// group's [`traffic`](localsgd_comm::ProcessGroup::traffic), not by any iteration's
+    /// [`IterationReport::traffic`]. Zero before it ran, and on a resumed run.
+    pub fn start_traffic(&self) -> Traffic {
+        self.start_traffic
     }
 
     /// Accumulated wall time per phase.
@@ -587,7 +598,9 @@ impl<M: Module> Pipeline<M> {
         if !self.start_pending {
             return Ok(model);
         }
+        let before = self.group.traffic();
         let m = broadcast_in_group(refresh_buffers(model), &ParamSelection::All, &self.group, 0)?;
+        self.start_traffic = self.group.traffic() - before;
         self.start_pending = false;
         Ok(m)
     }

@@ -2,5 +2,6 @@
 //! so burn and the crates are linked once.
 
 mod checkpoint_resume;
+mod checkpoint_retention;
 mod fused_optim;
 mod run_epoch;
