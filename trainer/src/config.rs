@@ -841,6 +841,16 @@ settings! {
         #[setting(type = "integer ≥ 0")]
         #[arg(allow_negative_numbers = true)]
         checkpoint_every: u64 = 0,
+        /// How many of the newest checkpoints the run directory keeps; 0: every one.
+        ///
+        /// After each checkpoint is published, older ones beyond this count are deleted (the
+        /// `latest` one, and one newer than it that is about to be published, never are; a
+        /// recovery after a failed rank and `resume-ranks` continue from `latest`). Each
+        /// checkpoint holds one file per rank of about the model's parameters and optimizer
+        /// state (book: The localsgd binary, "What a run keeps").
+        #[setting(type = "integer ≥ 0")]
+        #[arg(allow_negative_numbers = true)]
+        keep_checkpoints: usize = 3,
         /// Continue from the latest checkpoint in `run-dir` (`--resume` alone means true).
         ///
         /// Restores `run-dir/checkpoints/latest`: parameters, optimizer state, averager step,
@@ -977,9 +987,20 @@ impl TrainConfig {
         Self::from_toml_str(&text).map_err(|e| format!("config file {}: {e}", path.display()))
     }
 
-    /// Parse TOML text.
+    /// Parse TOML text. A run's `config.toml` may end with the `[[resumed]]` history of its
+    /// resumes ([`crate::resume`]): a record, not settings, so it is set aside.
     pub fn from_toml_str(text: &str) -> Result<Self, String> {
-        toml::from_str(text).map_err(|e| e.to_string())
+        // The history must be well-formed too; the settings are read from their own lines, so
+        // that an error names its line.
+        crate::resume::split_history(text).map_err(|e| with_quote_hint(text, e))?;
+        toml::from_str(crate::resume::settings_text(text))
+            .map_err(|e| with_quote_hint(text, e.to_string()))
+    }
+
+    /// Settings from a parsed TOML table (unknown keys and wrong types are errors that name
+    /// the key).
+    pub fn from_table(table: toml::Table) -> Result<Self, String> {
+        table.try_into().map_err(|e: toml::de::Error| e.to_string())
     }
 
     /// The effective configuration as TOML (printed and saved in the run directory).
@@ -1191,8 +1212,17 @@ impl TrainConfig {
                         "dataset \"text\" needs `text-file`, the file of text to train on",
                     ));
                 }
-                Some(f) if !f.is_file() => {
+                Some(f) if !f.exists() => {
                     return Err(bad("text-file", f.display(), "an existing file of text"));
+                }
+                Some(f) if !f.is_file() => {
+                    return Err(bad(
+                        "text-file",
+                        f.display(),
+                        "a regular file of text: this path exists but is a directory, a pipe or \
+                         a device, and the text is read more than once (every rank reads it); \
+                         save the text to a file first",
+                    ));
                 }
                 Some(_) => {}
             },
@@ -1216,7 +1246,9 @@ impl TrainConfig {
             }
             _ => {}
         }
+        // A resumed run starts from its checkpoint: the initial weights are history.
         if let Some(p) = &self.init_weights
+            && !self.resume
             && !p.is_file()
         {
             return Err(bad(
@@ -1274,6 +1306,15 @@ impl TrainConfig {
                 ));
             }
         }
+        if self.on_rank_failure.survives() && self.workers == 1 {
+            return Err(bad(
+                "on-rank-failure",
+                value_name(&self.on_rank_failure),
+                "`abort` with one worker: there is no survivor to continue (or train on more \
+                 `workers`)",
+            ));
+        }
+        self.check_all_used()?;
         if let Some(r) = self.export_rank {
             if self.export.is_none() {
                 return Err(bad(
@@ -1292,6 +1333,222 @@ impl TrainConfig {
         }
         Ok(())
     }
+}
+
+impl TrainConfig {
+    /// Refuse a setting given a value (other than its default) that this run would not use:
+    /// another model's shape, another data set's source, another schedule's or optimizer's
+    /// parameters, the warmup of DDP, `epochs` under `steps`.
+    fn check_all_used(&self) -> Result<(), ConfigError> {
+        let d = Self::default();
+        let model = value_name(&self.model);
+        let unused_by_model = |setting: &'static str, value: String, user: &str| {
+            bad(
+                setting,
+                value,
+                format!(
+                    "unset: it shapes the {user}, and `model` = {model} does not use it (drop \
+                     the setting, or set `model` = {})",
+                    match user {
+                        "MLP" => "mlp",
+                        "CNN" => "cnn",
+                        _ => "gpt",
+                    }
+                ),
+            )
+        };
+        if self.model != ModelKind::Mlp && self.hidden != d.hidden {
+            return Err(unused_by_model(
+                "hidden",
+                format!("{:?}", self.hidden),
+                "MLP",
+            ));
+        }
+        if self.model != ModelKind::Cnn && self.channels != d.channels {
+            return Err(unused_by_model(
+                "channels",
+                format!("{:?}", self.channels),
+                "CNN",
+            ));
+        }
+        if self.model != ModelKind::Gpt {
+            for (setting, value, default) in [
+                ("context", self.context, d.context),
+                ("d-model", self.d_model, d.d_model),
+                ("heads", self.heads, d.heads),
+                ("layers", self.layers, d.layers),
+            ] {
+                if value != default {
+                    return Err(unused_by_model(setting, value.to_string(), "GPT"));
+                }
+            }
+        }
+        let dataset = value_name(&self.dataset);
+        let unused_by_data = |setting: &'static str, value: String, user: &str| {
+            bad(
+                setting,
+                value,
+                format!(
+                    "unset: it is read by `dataset` = {user} only, and this run's `dataset` is \
+                     {dataset} (drop the setting, or set `dataset` = {user})"
+                ),
+            )
+        };
+        if self.dataset != DatasetKind::Idx
+            && let Some(dir) = &self.data_dir
+        {
+            return Err(unused_by_data("data-dir", dir.display().to_string(), "idx"));
+        }
+        if self.dataset != DatasetKind::Text
+            && let Some(file) = &self.text_file
+        {
+            return Err(unused_by_data(
+                "text-file",
+                file.display().to_string(),
+                "text",
+            ));
+        }
+        if self.dataset != DatasetKind::Synthetic {
+            for (setting, value, default) in [
+                (
+                    "synthetic-samples",
+                    self.synthetic_samples,
+                    d.synthetic_samples,
+                ),
+                ("synthetic-dim", self.synthetic_dim, d.synthetic_dim),
+                (
+                    "synthetic-classes",
+                    self.synthetic_classes,
+                    d.synthetic_classes,
+                ),
+            ] {
+                if value != default {
+                    return Err(unused_by_data(setting, value.to_string(), "synthetic"));
+                }
+            }
+        }
+        if self.algorithm == AlgorithmKind::Ddp {
+            // 0 says what DDP does anyway.
+            if self.warmup != d.warmup && self.warmup != 0 {
+                return Err(bad(
+                    "warmup",
+                    self.warmup,
+                    "unset: `algorithm` = ddp all-reduces gradients on every step and has no \
+                     warmup (drop the setting, or choose `post-local-sgd`, whose warmup it is)",
+                ));
+            }
+            if let Some(e) = self.warmup_epochs {
+                return Err(bad(
+                    "warmup-epochs",
+                    e,
+                    "unset: `algorithm` = ddp has no warmup",
+                ));
+            }
+        }
+        let schedule = value_name(&self.lr_schedule);
+        let unused_by_schedule = |setting: &'static str, value: String, user: &str| {
+            bad(
+                setting,
+                value,
+                format!(
+                    "unset: only `lr-schedule` = {user} uses it, and this run's schedule is \
+                         {schedule} (drop the setting, or set `lr-schedule` = {user})"
+                ),
+            )
+        };
+        if self.lr_schedule != LrScheduleKind::Cosine && self.lr_min != d.lr_min {
+            return Err(unused_by_schedule(
+                "lr-min",
+                self.lr_min.to_string(),
+                "cosine",
+            ));
+        }
+        if self.lr_schedule != LrScheduleKind::Step {
+            if self.lr_step_size != d.lr_step_size {
+                return Err(unused_by_schedule(
+                    "lr-step-size",
+                    self.lr_step_size.to_string(),
+                    "step",
+                ));
+            }
+            if self.lr_gamma != d.lr_gamma {
+                return Err(unused_by_schedule(
+                    "lr-gamma",
+                    self.lr_gamma.to_string(),
+                    "step",
+                ));
+            }
+        }
+        if self.lr_schedule != LrScheduleKind::LinearWarmup {
+            if self.lr_warmup_steps != d.lr_warmup_steps {
+                return Err(unused_by_schedule(
+                    "lr-warmup-steps",
+                    self.lr_warmup_steps.to_string(),
+                    "linear-warmup",
+                ));
+            }
+            if self.lr_warmup_start_factor != d.lr_warmup_start_factor {
+                return Err(unused_by_schedule(
+                    "lr-warmup-start-factor",
+                    self.lr_warmup_start_factor.to_string(),
+                    "linear-warmup",
+                ));
+            }
+        }
+        if self.optimizer != OptimizerKind::Sgd && self.momentum != d.momentum {
+            return Err(bad(
+                "momentum",
+                self.momentum,
+                format!(
+                    "unset: SGD's momentum, and `optimizer` = {} does not use it (drop the \
+                     setting; Adam's moments have PyTorch's betas)",
+                    value_name(&self.optimizer)
+                ),
+            ));
+        }
+        if let Some(steps) = self.steps
+            && self.epochs != d.epochs
+        {
+            return Err(bad(
+                "epochs",
+                self.epochs,
+                format!(
+                    "unset: `steps` = {steps} ends the run, and `epochs` is used only without \
+                     `steps` (drop one of the two)"
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A TOML error, with a hint where a line gives a setting a bare word (`outer-compression =
+/// int4`): TOML strings need quotes, and the parser's own message ("invalid float") does not
+/// say so.
+fn with_quote_hint(text: &str, error: String) -> String {
+    let bare = text.lines().find_map(|line| {
+        let line = line.split('#').next()?.trim();
+        let (key, value) = line.split_once('=')?;
+        let (key, value) = (key.trim(), value.trim());
+        let word = !value.is_empty()
+            && value.starts_with(|c: char| c.is_ascii_alphabetic())
+            && value
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_-:+.".contains(c))
+            && !matches!(value, "true" | "false" | "inf" | "nan");
+        word.then(|| format!("{key} = \"{value}\""))
+    });
+    match bare {
+        Some(quoted) => format!("{error}\nhint: a text value needs quotes in TOML: {quoted}"),
+        None => error,
+    }
+}
+
+/// A setting's value as its flag and the TOML file spell it (`linear-warmup`, `post-local-sgd`).
+pub fn value_name<T: clap::ValueEnum + std::fmt::Debug>(value: &T) -> String {
+    value
+        .to_possible_value()
+        .map_or_else(|| format!("{value:?}"), |v| v.get_name().to_string())
 }
 
 /// The rule for an export file (`export` and `localsgd export`): a file name in an existing

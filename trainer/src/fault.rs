@@ -14,7 +14,11 @@
 //! | `mismatch` | issues a barrier where its peers all-reduce | a collective mismatch naming each rank's call |
 //! | `short` | its data runs out here (an uneven shard) | nothing: every rank ends the epoch together |
 //! | `step` | fails inside iteration `ITERATION`'s forward pass, after the ranks agreed there is data (its peers meet the failure in the gradient sync or the average): panics (threads) or ends its process (MPI, NCCL) | as `panic` or `abort` |
-//! | `checkpoint` | after iteration `ITERATION` (0-based) wrote its checkpoint, before the checkpoint is published: panics (threads) or ends its process (`abort`; MPI, NCCL); only an iteration that writes one (`ITERATION + 1` a multiple of `checkpoint-every`, with a run directory) fires it | as `panic` or `abort`; `latest` still names the previous checkpoint |
+//! | `checkpoint` | after the checkpoint of `ITERATION` iterations (`checkpoints/step-ITERATION`) was written, before it is published: panics (threads) or ends its process (`abort`; MPI, NCCL); `ITERATION` must be a multiple of `checkpoint-every` | as `panic` or `abort`; `latest` still names the previous checkpoint |
+//!
+//! A fault that can never fire (a rank outside the world, an iteration at or past the run's
+//! end, or before a resumed run's first, a checkpoint the run does not write) is refused
+//! before the run starts ([`Fault::check`]).
 //!
 //! ```
 //! use localsgd_trainer::fault::{Fault, FaultKind};
@@ -56,14 +60,16 @@ pub enum FaultKind {
     Checkpoint,
 }
 
-/// One injected fault: `kind` on `rank` before iteration `iteration`.
+/// One injected fault: `kind` on `rank` before iteration `iteration` (a `checkpoint` fault:
+/// after the checkpoint of `iteration` iterations was written).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Fault {
     /// What happens.
     pub kind: FaultKind,
     /// The world rank it happens on.
     pub rank: usize,
-    /// The 0-based iteration before which it happens.
+    /// The 0-based iteration before which it happens; for a `checkpoint` fault, the iterations
+    /// the checkpoint holds.
     pub iteration: u64,
 }
 
@@ -98,6 +104,22 @@ impl FromStr for Fault {
     }
 }
 
+impl std::fmt::Display for Fault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match self.kind {
+            FaultKind::Panic => "panic",
+            FaultKind::Stall => "stall",
+            FaultKind::Abort => "abort",
+            FaultKind::Kill => "kill",
+            FaultKind::Mismatch => "mismatch",
+            FaultKind::Short => "short",
+            FaultKind::Step => "step",
+            FaultKind::Checkpoint => "checkpoint",
+        };
+        write!(f, "{kind}@{}:{}", self.rank, self.iteration)
+    }
+}
+
 impl Fault {
     /// The faults `LOCALSGD_FAULT` asks for (none when it is unset).
     pub fn from_env() -> Result<Vec<Self>, String> {
@@ -114,8 +136,50 @@ impl Fault {
     }
 
     /// Whether it is due on `rank` (of the job's first world) before `iteration` (a
-    /// `checkpoint` fault: after that iteration's checkpoint was written).
+    /// `checkpoint` fault: after the checkpoint of `iteration` iterations was written).
     pub fn due(&self, rank: usize, iteration: u64) -> bool {
         self.rank == rank && self.iteration == iteration
+    }
+
+    /// Refuse a fault that can never fire in a run of `workers` ranks that trains iterations
+    /// `start..end` (`end`: `None` when only the data decides where the run ends) and writes a
+    /// checkpoint every `checkpoint_every` iterations (0: only the final one).
+    pub fn check(
+        &self,
+        workers: usize,
+        start: u64,
+        end: Option<u64>,
+        checkpoint_every: u64,
+    ) -> Result<(), String> {
+        let never = |why: String| Err(format!("{ENV}: {self} can never fire: {why}",));
+        if self.rank >= workers {
+            return never(format!(
+                "this run has {workers} worker(s), ranks 0..{workers}"
+            ));
+        }
+        if self.kind == FaultKind::Checkpoint {
+            if checkpoint_every == 0 {
+                return never(
+                    "the run writes no checkpoint during training (set `checkpoint-every`)".into(),
+                );
+            }
+            let written = self.iteration > start
+                && self.iteration.is_multiple_of(checkpoint_every)
+                && end.is_none_or(|end| self.iteration <= end);
+            if !written {
+                let last = end.map_or_else(String::new, |end| format!(" up to {end}"));
+                return never(format!(
+                    "the run writes the checkpoints of the multiples of `checkpoint-every` = \
+                     {checkpoint_every} after iteration {start}{last} (ITERATION names the \
+                     checkpoint's iterations, `checkpoints/step-ITERATION`)"
+                ));
+            }
+            return Ok(());
+        }
+        if self.iteration < start || end.is_some_and(|end| self.iteration >= end) {
+            let range = end.map_or_else(|| format!("{start}.."), |end| format!("{start}..{end}"));
+            return never(format!("the run trains the 0-based iterations {range}"));
+        }
+        Ok(())
     }
 }

@@ -8,6 +8,7 @@ use localsgd_trainer::config::ConfigFlags;
 use localsgd_trainer::config::{Backend, ModelKind, TrainConfig};
 use localsgd_trainer::export::ExportChoice;
 use localsgd_trainer::plot::write_loss_svg;
+use localsgd_trainer::resume::ResumePlan;
 use localsgd_trainer::run::{self, Progress, RankOutcome, RunTotals, WorkerResult};
 use std::path::{Path, PathBuf};
 
@@ -36,10 +37,14 @@ pub(crate) fn resolve(flags: &ConfigFlags) -> Result<TrainConfig> {
     Ok(cfg)
 }
 
-/// The settings (file, then flags), validated.
+/// The settings (file, then flags; on `resume`, over the run's own), validated; a resume is
+/// checked against its run (every rank checks it, so under MPI every rank refuses alike).
 pub(crate) fn resolve_settings(flags: &ConfigFlags) -> Result<TrainConfig> {
     let cfg = flags.resolve().map_err(anyhow::Error::msg)?;
     cfg.validate()?;
+    if cfg.resume {
+        ResumePlan::check(&cfg)?;
+    }
     Ok(cfg)
 }
 
@@ -118,13 +123,16 @@ fn train_one_process_per_rank(_flags: &ConfigFlags, cfg: TrainConfig) -> Result<
     )
 }
 
-/// Create the run directory and save the effective configuration. Called only once everything
-/// is validated (and, under MPI, only by rank 0).
+/// Create the run directory and save the effective configuration (on a resume, with the
+/// history of the settings it changed). Called only once everything is validated (and, under
+/// MPI, only by rank 0, once the number of workers is the world's).
 pub(crate) fn prepare_run_dir(cfg: &TrainConfig) -> Result<PathBuf> {
     let dir = cfg.run_dir.clone();
-    if cfg.resume {
-        // Refuse a checkpoint of another run before anything in its directory is rewritten
-        // (config.toml would otherwise describe the refused settings).
+    let effective = if cfg.resume {
+        // Every check before anything in the run directory is rewritten (config.toml would
+        // otherwise describe refused settings): the settings against the run's, then the
+        // checkpoint against the world that continues it.
+        let plan = ResumePlan::check(cfg)?;
         let spec = cfg.algorithm_spec()?;
         let checkpoints = CheckpointDir::new(&dir);
         if cfg.resume_ranks.is_empty() {
@@ -132,10 +140,12 @@ pub(crate) fn prepare_run_dir(cfg: &TrainConfig) -> Result<PathBuf> {
         } else {
             checkpoints.check_latest_resized(&spec, &cfg.resume_ranks)?;
         }
-    }
+        plan.config_toml(cfg)
+    } else {
+        cfg.with_defaults_filled().to_toml()
+    };
     std::fs::create_dir_all(&dir)
         .with_context(|| format!("creating run directory {}", dir.display()))?;
-    let effective = cfg.with_defaults_filled().to_toml();
     if cfg.print_config {
         println!(
             "# effective configuration (saved to {})\n{effective}",
@@ -160,6 +170,7 @@ pub(crate) fn report(cfg: &TrainConfig, outcome: &RankOutcome, dir: &Path) -> Re
         bytes,
         data_bytes,
         collectives,
+        start_bytes,
         samples,
         ranks,
     } = totals.clone();
@@ -201,6 +212,11 @@ pub(crate) fn report(cfg: &TrainConfig, outcome: &RankOutcome, dir: &Path) -> Re
         bytes as f64 / 1e6,
         data_bytes as f64 / 1e6,
         r0.skipped_steps
+    );
+    println!(
+        "wire format: {}; the start broadcast (rank 0's model to every rank) is {:.2} MB of the bytes above",
+        wire_format(cfg),
+        start_bytes as f64 / 1e6
     );
     let total = r0.phase_times.total().as_secs_f64().max(1e-9);
     let phases: Vec<String> = r0
@@ -252,6 +268,8 @@ pub(crate) fn report(cfg: &TrainConfig, outcome: &RankOutcome, dir: &Path) -> Re
         "bytes": bytes,
         "data_bytes": data_bytes,
         "collectives": collectives,
+        "start_bytes": start_bytes,
+        "wire_format": wire_format(cfg),
         "wall_seconds": wall,
         "samples_per_second": samples as f64 / wall,
         "tokens_per_second": language_model.then(|| (samples * cfg.context as u64) as f64 / wall),
@@ -275,6 +293,36 @@ pub(crate) fn report(cfg: &TrainConfig, outcome: &RankOutcome, dir: &Path) -> Re
         dir.display()
     );
     Ok(())
+}
+
+/// What the run's collectives carry, and in which format: gradients (DDP, and the warmup of
+/// the algorithms that have one) in `compression`'s, model averages or pseudo-gradients in
+/// `outer-compression`'s.
+pub(crate) fn wire_format(cfg: &TrainConfig) -> String {
+    use localsgd_trainer::config::{AlgorithmKind, Compression};
+    let gradients = match cfg.compression {
+        Compression::None => "f32",
+        Compression::Fp16 => "fp16",
+        Compression::Bf16 => "bf16",
+    };
+    let outer = cfg
+        .outer_compression
+        .map_or_else(|| "f32".to_string(), |c| c.to_string());
+    let outer = if outer == "none" {
+        "f32".to_string()
+    } else {
+        outer
+    };
+    match cfg.algorithm {
+        AlgorithmKind::Ddp => format!("gradients {gradients}"),
+        AlgorithmKind::LocalSgd => format!("model averages {outer}"),
+        AlgorithmKind::Diloco | AlgorithmKind::StreamingDiloco => {
+            format!("gradients {gradients} (warmup), pseudo-gradients {outer}")
+        }
+        AlgorithmKind::PostLocalSgd | AlgorithmKind::Hierarchical | AlgorithmKind::Slowmo => {
+            format!("gradients {gradients} (warmup), model averages {outer}")
+        }
+    }
 }
 
 /// The test loss of the averaged model and each rank's own model's accuracy and loss, on one

@@ -30,4 +30,5 @@ pub mod metrics;
 pub mod model;
 pub mod network;
 pub mod plot;
+pub mod resume;
 pub mod run;

@@ -108,7 +108,12 @@ fn export(flags: &ExportFlags) -> Result<()> {
 fn compare(flags: &ConfigFlags) -> Result<()> {
     // Not validated as a whole: each algorithm's run below is, with the settings that apply
     // to it (levels given for hierarchical averaging would be refused for post-local SGD).
-    let base = flags.resolve().map_err(anyhow::Error::msg)?;
+    let base = flags.resolve_fresh().map_err(anyhow::Error::msg)?;
+    if base.resume {
+        bail!(
+            "invalid setting `resume` = true for `compare`: it trains every algorithm from the start, one after another; resume a run with `localsgd train --resume`"
+        );
+    }
     if base.backend != Backend::Threads {
         bail!(
             "invalid setting `backend` = {} for `compare`: it runs the algorithms one after another with thread workers in this process; drop the setting (or set `backend = \"threads\"`)",
@@ -138,7 +143,6 @@ fn compare(flags: &ConfigFlags) -> Result<()> {
         let mut cfg = base.clone();
         cfg.algorithm = algorithm;
         cfg.progress = false;
-        cfg.resume = false;
         // Each algorithm with the settings that apply to it: a given `period` for every
         // algorithm that has one (else each its own default), the levels for hierarchical
         // averaging alone (from the period when none are given), outer settings for the outer
@@ -146,7 +150,12 @@ fn compare(flags: &ConfigFlags) -> Result<()> {
         // DiLoCo and the slow-step frequency for SlowMo.
         let given_period = base.period;
         match algorithm {
-            AlgorithmKind::Ddp => cfg.period = None,
+            AlgorithmKind::Ddp => {
+                cfg.period = None;
+                // DDP has no warmup (it refuses one): the others take the given one.
+                cfg.warmup = localsgd_trainer::config::TrainConfig::default().warmup;
+                cfg.warmup_epochs = None;
+            }
             AlgorithmKind::Hierarchical => {
                 if cfg.levels.is_empty() {
                     let period = given_period.or(AlgorithmKind::PostLocalSgd.default_period());
@@ -200,19 +209,24 @@ fn compare(flags: &ConfigFlags) -> Result<()> {
             wall,
         ));
     }
-    println!(
-        "{:<16} {:>10} {:>14} {:>12} {:>9}",
-        "algorithm", "test acc", "bytes", "collectives", "wall s"
-    );
-    for (a, levels, acc, bytes, coll, wall) in rows {
-        let name = match a {
+    // The widest name (hierarchical's, with its levels) sets the first column.
+    let names: Vec<String> = rows
+        .iter()
+        .map(|(a, levels, ..)| match a {
             AlgorithmKind::Ddp => "ddp".to_string(),
             AlgorithmKind::PostLocalSgd => "post-local-sgd".to_string(),
             AlgorithmKind::Hierarchical => format!("hierarchical {levels}"),
             other => other.name().to_string(),
-        };
+        })
+        .collect();
+    let width = names.iter().map(String::len).max().unwrap_or(0).max(16);
+    println!(
+        "{:<width$} {:>10} {:>14} {:>12} {:>9}",
+        "algorithm", "test acc", "bytes", "collectives", "wall s"
+    );
+    for (name, (_, _, acc, bytes, coll, wall)) in names.into_iter().zip(rows) {
         println!(
-            "{:<16} {:>9.2}% {:>14} {:>12} {:>9.2}",
+            "{:<width$} {:>9.2}% {:>14} {:>12} {:>9.2}",
             name,
             100.0 * acc,
             bytes,

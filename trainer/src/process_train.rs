@@ -128,8 +128,12 @@ fn resolve_world_size(
         );
     }
     cfg.workers = size;
-    // Settings that depend on the worker count (levels, subgroup-size) are checked again.
+    // Settings that depend on the worker count (levels, subgroup-size) are checked again, and
+    // a resume against its run on this world size (every rank alike, so rank 0 reports it).
     cfg.validate()?;
+    if cfg.resume {
+        localsgd_trainer::resume::ResumePlan::check(&cfg)?;
+    }
     Ok(cfg)
 }
 

@@ -27,6 +27,16 @@ enum World {
     Nccl(localsgd_comm::nccl::NcclWorld),
 }
 
+/// Whether an MPI launcher started this process: Open MPI's `mpirun` (and processes it spawns)
+/// sets `OMPI_COMM_WORLD_SIZE`; PMIx-based launchers (Open MPI 5, Slurm's `srun --mpi=pmix`)
+/// `PMIX_RANK`; MPICH's Hydra and PMI-2 launchers `PMI_RANK`.
+#[cfg(feature = "mpi")]
+fn started_by_mpi_launcher() -> bool {
+    ["OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some())
+}
+
 impl ProcessWorld {
     /// Join the world of `backend` (one of the one-process-per-rank backends this binary was
     /// built with; the configuration was validated for that). `timeout` bounds every collective.
@@ -35,6 +45,13 @@ impl ProcessWorld {
             #[cfg(feature = "mpi")]
             Backend::Mpi => {
                 use localsgd_comm::mpi::{MpiConfig, MpiWorld};
+                // Started alone, MPI makes a world of one process ("singleton"), which would
+                // train as a single worker without a word.
+                if !started_by_mpi_launcher() {
+                    anyhow::bail!(
+                        "invalid setting `backend` = mpi: this process was not started by an MPI launcher, so it would train alone as a world of one; start it with `mpirun -np N localsgd train --backend mpi ...` (as root, add `--allow-run-as-root`), or use `backend = \"threads\"` with `workers` = N to train in one process"
+                    );
+                }
                 let config = MpiConfig::default().with_timeout(timeout);
                 let (world, group) = MpiWorld::init_with(config).context("starting MPI")?;
                 Ok(Self {

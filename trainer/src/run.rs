@@ -115,6 +115,9 @@ pub struct WorkerResult {
     pub last_global_loss: Option<f64>,
     /// Communication this rank issued during training (excluding evaluation).
     pub traffic: Traffic,
+    /// The part of `traffic` that the start broadcast sent (rank 0's parameters and buffers
+    /// before a fresh run's first iteration), in this world.
+    pub start_traffic: Traffic,
     /// Wall time per phase.
     pub phase_times: PhaseTimes,
     /// Wall time of the training loop.
@@ -136,6 +139,8 @@ pub struct RunTotals {
     pub data_bytes: u64,
     /// Collectives issued, all ranks together.
     pub collectives: u64,
+    /// The part of `bytes` that the start broadcast sent, all ranks together.
+    pub start_bytes: u64,
     /// Training samples processed, all ranks together.
     pub samples: u64,
     /// Each rank's own final model on the test set, in rank order (after local steps the
@@ -154,9 +159,10 @@ impl RunTotals {
             mine.samples,
             mine.local_test_accuracy.to_bits(),
             mine.local_test_loss.to_bits(),
+            mine.start_traffic.bytes,
         ])?;
         let mut t = Self::default();
-        for c in all.chunks(6) {
+        for c in all.chunks(7) {
             t.bytes += c[0];
             t.data_bytes += c[1];
             t.collectives += c[2];
@@ -165,6 +171,7 @@ impl RunTotals {
                 accuracy: f64::from_bits(c[4]),
                 loss: f64::from_bits(c[5]),
             });
+            t.start_bytes += c[6];
         }
         Ok(t)
     }
@@ -252,28 +259,66 @@ pub fn load_data(cfg: &TrainConfig) -> Result<TrainTest, DataError> {
 /// CPU and checked against that model: names, shapes, element types). The binary calls it
 /// before it creates the run directory.
 pub fn preflight(cfg: &TrainConfig, train: &Dataset) -> Result<ModelSpec, RunError> {
-    if let Some(f) = Fault::from_env()
-        .map_err(RunError::Fault)?
-        .into_iter()
-        .find(|f| f.rank >= cfg.workers)
-    {
-        return Err(RunError::Fault(format!(
-            "{} names rank {}, but this run has {} worker(s) (ranks 0..{})",
-            crate::fault::ENV,
-            f.rank,
-            cfg.workers,
-            cfg.workers
-        )));
+    let per_epoch = epoch_steps(cfg, train.len(), cfg.workers, 0)?;
+    let faults = Fault::from_env().map_err(RunError::Fault)?;
+    if !faults.is_empty() {
+        // The iterations this run trains: from the checkpoint it resumes, to `steps` or the end
+        // of its epochs (every rank's shard has as many batches; a resumed run's epochs end
+        // where its data position says, which only the run finds out).
+        let start = match cfg.resume {
+            true => crate::checkpoint::CheckpointDir::new(&cfg.run_dir).latest_iterations()?,
+            false => 0,
+        };
+        let end = match (cfg.steps, cfg.resume) {
+            (Some(steps), _) => Some(steps),
+            (None, false) => Some(per_epoch.steps(cfg.epochs)),
+            (None, true) => None,
+        };
+        for f in &faults {
+            f.check(cfg.workers, start, end, cfg.checkpoint_every)
+                .map_err(RunError::Fault)?;
+        }
     }
-    epoch_steps(cfg, train.len(), cfg.workers, 0)?;
+    if cfg.resume && cfg.steps.is_none() {
+        check_epochs_left(cfg, train.len())?;
+    }
     let spec = model_config(cfg, train)?;
     if let Some(need) = model_memory(cfg, &spec, train.len()) {
         limits::check(&need, limits::available_memory())?;
     }
-    if let Some(path) = &cfg.init_weights {
+    if let Some(path) = &cfg.init_weights
+        && !cfg.resume
+    {
         load_pytorch_safetensors(path, &spec, &Device::flex())?;
     }
     Ok(spec)
+}
+
+/// Refuse a resume of a run limited by `epochs` whose latest checkpoint already holds them all
+/// (an epoch counts once its last batch was trained, in the saving world's sharding).
+fn check_epochs_left(cfg: &TrainConfig, samples: usize) -> Result<(), RunError> {
+    let checkpoints = crate::checkpoint::CheckpointDir::new(&cfg.run_dir);
+    let meta = checkpoints.latest_rank_meta(0)?;
+    let Some(position) = meta.data else {
+        return Ok(());
+    };
+    let batches = ShardSampler::new(samples, meta.identity.world_size, 0)?
+        .num_batches(cfg.batch_size)? as u64;
+    let whole = position.start == 0 && position.next_batch >= batches;
+    let done = position.epoch + u64::from(whole);
+    if done >= cfg.epochs {
+        return Err(RunError::Checkpoint(CheckpointError::Incompatible(
+            format!(
+                "`epochs` = {} is already reached: the latest checkpoint in {} holds {done} epochs \
+             ({} iterations); give `epochs` above {done} (or `steps` above {}) to train on",
+                cfg.epochs,
+                cfg.run_dir.display(),
+                meta.iterations_done,
+                meta.iterations_done
+            ),
+        )));
+    }
+    Ok(())
 }
 
 /// What an MLP run needs at least in this process: on every worker the process runs (all of
@@ -716,9 +761,11 @@ fn train_from(
     }
     let device = compute_device(cfg.device, &group)?;
     let mcfg = model_config(cfg, &data.train)?;
-    let model = match &cfg.init_weights {
-        Some(path) => load_pytorch_safetensors(path, &mcfg, &device)?,
-        None => mcfg.init(cfg.seed, &device)?,
+    // A resumed rank overwrites every parameter from its checkpoint: its initial weights are
+    // drawn, not read (the file may be gone since the run started).
+    let model = match (&cfg.init_weights, &start) {
+        (Some(path), Start::Fresh) => load_pytorch_safetensors(path, &mcfg, &device)?,
+        _ => mcfg.init(cfg.seed, &device)?,
     };
     let (cfg, per_epoch) = effective_settings(cfg, data, world, rank)?;
     let cfg = cfg.as_ref();
@@ -727,7 +774,8 @@ fn train_from(
     let spec = cfg.algorithm_spec()?.for_world(world);
     spec.validate(world)?;
     let identity = run_identity(&spec, world).with_members(group.world_ranks());
-    let checkpoints = run_dir.map(|dir| Checkpoints::new(dir, identity));
+    let checkpoints =
+        run_dir.map(|dir| Checkpoints::new(dir, identity).keep_last(cfg.keep_checkpoints));
     let mut pipeline = build_pipeline(cfg, &spec, &group, checkpoints.as_ref())?;
     let (mut model, position, resume_done, saved_world) = match (&start, &checkpoints) {
         (Start::Fresh, _) => (model, DataPosition::default(), None, world),
@@ -889,9 +937,10 @@ fn train_from(
                     && cfg.checkpoint_every > 0
                     && done.is_multiple_of(cfg.checkpoint_every)
                 {
-                    let due = state.faults.iter().position(|f| {
-                        f.kind == FaultKind::Checkpoint && f.due(job_rank, report.iteration)
-                    });
+                    let due = state
+                        .faults
+                        .iter()
+                        .position(|f| f.kind == FaultKind::Checkpoint && f.due(job_rank, done));
                     if let Some(i) = due {
                         let f = state.faults.remove(i);
                         inject(f, cfg, &group, &mut loader)?;
@@ -950,6 +999,7 @@ fn train_from(
         local_test_loss: local.loss,
         last_global_loss: last_global,
         traffic,
+        start_traffic: pipeline.start_traffic(),
         phase_times: *pipeline.phase_times(),
         wall,
         samples,

@@ -72,7 +72,9 @@ impl StreamingConfig {
         if !s.is_multiple_of(f64s) {
             return err(
                 "sync_every must divide the number of fragments",
-                format!("the {f} fragments must divide sync_every {s}"),
+                format!(
+                    "torchft's wording: the number of fragments, {f}, must divide sync_every {s}"
+                ),
             );
         }
         let p = s / f64s;

@@ -490,6 +490,28 @@ fn streaming(
             .map(|_| ())
             .map_err(|e| bad(setting, value, e.to_string()))
     };
+    // The fragments take turns over `period` local steps, so they must divide it (torchft's
+    // own message for this says the reverse, and names `sync_every`, which is `period` here).
+    if f > 0 && period >= f as u64 && !period.is_multiple_of(f as u64) {
+        let divisors: Vec<String> = (2..=period.min(64))
+            .filter(|d| period.is_multiple_of(*d))
+            .take(6)
+            .map(|d| d.to_string())
+            .collect();
+        let some = match divisors.is_empty() {
+            true => String::new(),
+            false => format!(" (e.g. {})", divisors.join(", ")),
+        };
+        return Err(bad(
+            "fragments",
+            f,
+            format!(
+                "a number of fragments that divides `period` = {period} (Streaming DiLoCo's \
+                 sync_every: each fragment syncs every `period` steps, `period / fragments` \
+                 after the one before){some}, or a `period` that {f} divides"
+            ),
+        ));
+    }
     let base = StreamingConfig::new(period, f);
     check("fragments", f.to_string(), base)?;
     check("fragment-sync-delay", tau.to_string(), base.with_delay(tau))?;

@@ -157,8 +157,8 @@ pub enum DataError {
     #[error(
         "{what} is too short for context {context} and validation fraction {valid_fraction}: \
          {part} has {part_bytes} bytes, fewer than one window of context + 1 = {} bytes; these \
-         settings need at least {needed} bytes in all and {what} has {bytes}: use a longer text, \
-         a smaller context or another validation fraction",
+         settings need at least {needed} bytes in all and {what} has {bytes}: use a longer text \
+         or a smaller `context`",
         context.saturating_add(1)
     )]
     TextTooShort {

@@ -260,8 +260,7 @@ fn a_text_shorter_than_a_window_says_what_is_needed() {
         e.to_string(),
         "the text is too short for context 4 and validation fraction 0.25: the whole text has 3 \
          bytes, fewer than one window of context + 1 = 5 bytes; these settings need at least 17 \
-         bytes in all and the text has 3: use a longer text, a smaller context or another \
-         validation fraction"
+         bytes in all and the text has 3: use a longer text or a smaller `context`"
     );
     // Through a file, the file is named.
     let dir = tempfile::tempdir().unwrap();

@@ -34,3 +34,5 @@ mod race;
 mod rank_failure;
 mod rank_replacement;
 mod resume;
+mod resume_settings;
+mod unused_settings;

@@ -155,17 +155,31 @@ fn mpi_resume_is_bit_identical_to_an_uninterrupted_run() {
             max_abs_diff(&a[r], &b[r])
         );
     }
-    // Resuming with another world size is refused with the same clear message on every rank
-    // (also on ranks 2 and 3, which have no file in the checkpoint), printed whole.
-    let out = run_mpi(4, &again);
+    // Resuming with another world size is refused with one clear message (every rank reaches
+    // it, also ranks 2 and 3, which have no file in the checkpoint; rank 0 prints it), and a
+    // length the checkpoint already holds is refused before that.
+    let mut longer = args(resumed.path(), 60);
+    longer.push("--resume".into());
+    let out = run_mpi(4, &longer);
     assert!(!out.status.success(), "{}", show(&out));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.lines().any(|l| l.starts_with("error on rank ")
-            && l.contains("was written by 2 workers, this run has 4 (use `workers = 2`,")),
-        "{stderr}"
-    );
+    let refusals: Vec<&str> = stderr
+        .lines()
+        .filter(|l| {
+            l.starts_with("error: cannot resume with `workers` = 4: the run in")
+                && l.contains("was started with `workers` = 2")
+                && l.contains("give `resume-ranks`")
+        })
+        .collect();
+    assert_eq!(refusals.len(), 1, "{stderr}");
     assert!(!stderr.contains("No such file"), "{stderr}");
+    let out = run_mpi(2, &again);
+    assert!(!out.status.success(), "{}", show(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("`steps` = 50 is already reached"),
+        "{}",
+        show(&out)
+    );
 }
 
 #[test]
@@ -275,12 +289,12 @@ fn random_faults_end_each_mpi_job_cleanly_naming_the_rank() {
                 "--backend",
                 "mpi",
             ])
-            .args(["--algorithm", algorithm, "--warmup", "3"])
-            // DDP takes no period (the binary refuses one).
+            .args(["--algorithm", algorithm])
+            // DDP takes no warmup and no period (the binary refuses them).
             .args(if algorithm == "ddp" {
                 &[][..]
             } else {
-                &["--period", "2"][..]
+                &["--warmup", "3", "--period", "2"][..]
             })
             .args([
                 "--steps",
@@ -417,4 +431,29 @@ fn bench_step_runs_on_every_rank_between_collectives() {
     assert_eq!(step["iters"], 20);
     let cycle = step["cycle_mean_ms"].as_f64().unwrap();
     assert!(cycle.is_finite() && cycle > 0.0, "cycle_mean_ms {cycle}");
+}
+
+/// Started without `mpirun`, MPI would make a world of one process that trains alone: refused,
+/// saying how to start it.
+#[test]
+fn backend_mpi_outside_mpirun_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let mut cmd = Command::new(BIN);
+    for var in ["OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"] {
+        cmd.env_remove(var);
+    }
+    let out = cmd
+        .args(["train", "--backend", "mpi", "--steps", "3", "--run-dir"])
+        .arg(&run)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("not started by an MPI launcher")
+            && stderr.contains("mpirun -np N localsgd train --backend mpi"),
+        "{stderr}"
+    );
+    assert!(!run.exists());
 }

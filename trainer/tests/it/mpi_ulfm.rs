@@ -145,14 +145,14 @@ fn a_killed_rank_leaves_and_the_survivors_match_the_thread_run() {
 fn two_failures_in_a_row_and_one_inside_a_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
-    let out = ulfm_job(4, &args(&run, 4, 16), "abort@3:4,checkpoint@1:9");
+    let out = ulfm_job(4, &args(&run, 4, 16), "abort@3:4,checkpoint@1:10");
     assert!(out.status.success(), "{}", show(&out));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         stdout.contains("rank(s) [3] left at iteration 4: 3 workers continued from iteration 4"),
         "{stdout}"
     );
-    // Iteration 9 (0-based) wrote the checkpoint of 10; rank 1 failed before it was published.
+    // Rank 1 failed after the checkpoint of 10 iterations was written, before it was published.
     assert!(
         stdout.contains("rank(s) [1] left at iteration 10: 2 workers continued from iteration 9"),
         "{stdout}"

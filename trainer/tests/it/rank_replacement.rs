@@ -105,9 +105,9 @@ fn repeated_failures_and_failures_mid_iteration_or_mid_checkpoint() {
     assert!(rows[1].starts_with("4,5,1,1,4,"), "{rows:?}");
     assert!(rows[2].starts_with("8,9,1,1,4,"), "{rows:?}");
     check("ddp", 1, "step@2:5");
-    // Iteration 7 completes 8 and writes the checkpoint of 8: rank 2 fails before it is
-    // published, so the world goes back to 4.
-    let (_, run, _dir) = check("local-sgd", 4, "checkpoint@2:7");
+    // Rank 2 fails after the checkpoint of 8 iterations is written, before it is published,
+    // so the world goes back to 4.
+    let (_, run, _dir) = check("local-sgd", 4, "checkpoint@2:8");
     assert!(membership_rows(&run)[1].starts_with("4,8,2,2,4,"));
     let (_, run, _dir) = check("diloco", 4, "panic@3:2");
     assert!(membership_rows(&run)[1].starts_with("0,2,3,3,4,"));
