@@ -1341,91 +1341,162 @@ impl TrainConfig {
     /// parameters, the warmup of DDP, `epochs` under `steps`.
     fn check_all_used(&self) -> Result<(), ConfigError> {
         let d = Self::default();
-        let model = value_name(&self.model);
-        let unused_by_model = |setting: &'static str, value: String, user: &str| {
-            bad(
-                setting,
-                value,
-                format!(
-                    "unset: it shapes the {user}, and `model` = {model} does not use it (drop \
-                     the setting, or set `model` = {})",
-                    match user {
-                        "MLP" => "mlp",
-                        "CNN" => "cnn",
-                        _ => "gpt",
-                    }
-                ),
-            )
-        };
-        if self.model != ModelKind::Mlp && self.hidden != d.hidden {
-            return Err(unused_by_model(
+        let (model, dataset) = (value_name(&self.model), value_name(&self.dataset));
+        let (schedule, optimizer) = (value_name(&self.lr_schedule), value_name(&self.optimizer));
+        let shown = |v: Option<&PathBuf>| v.map_or_else(String::new, |p| p.display().to_string());
+        // (setting, its value, given another value than the default, the setting that
+        // decides whether it is used, the value that uses it, that setting's value in this run)
+        let rules: [(&'static str, String, bool, &str, &str, &str); 16] = [
+            (
                 "hidden",
                 format!("{:?}", self.hidden),
-                "MLP",
-            ));
-        }
-        if self.model != ModelKind::Cnn && self.channels != d.channels {
-            return Err(unused_by_model(
+                self.hidden != d.hidden,
+                "model",
+                "mlp",
+                &model,
+            ),
+            (
                 "channels",
                 format!("{:?}", self.channels),
-                "CNN",
-            ));
-        }
-        if self.model != ModelKind::Gpt {
-            for (setting, value, default) in [
-                ("context", self.context, d.context),
-                ("d-model", self.d_model, d.d_model),
-                ("heads", self.heads, d.heads),
-                ("layers", self.layers, d.layers),
-            ] {
-                if value != default {
-                    return Err(unused_by_model(setting, value.to_string(), "GPT"));
-                }
-            }
-        }
-        let dataset = value_name(&self.dataset);
-        let unused_by_data = |setting: &'static str, value: String, user: &str| {
-            bad(
-                setting,
-                value,
-                format!(
-                    "unset: it is read by `dataset` = {user} only, and this run's `dataset` is \
-                     {dataset} (drop the setting, or set `dataset` = {user})"
-                ),
-            )
-        };
-        if self.dataset != DatasetKind::Idx
-            && let Some(dir) = &self.data_dir
-        {
-            return Err(unused_by_data("data-dir", dir.display().to_string(), "idx"));
-        }
-        if self.dataset != DatasetKind::Text
-            && let Some(file) = &self.text_file
-        {
-            return Err(unused_by_data(
+                self.channels != d.channels,
+                "model",
+                "cnn",
+                &model,
+            ),
+            (
+                "context",
+                self.context.to_string(),
+                self.context != d.context,
+                "model",
+                "gpt",
+                &model,
+            ),
+            (
+                "d-model",
+                self.d_model.to_string(),
+                self.d_model != d.d_model,
+                "model",
+                "gpt",
+                &model,
+            ),
+            (
+                "heads",
+                self.heads.to_string(),
+                self.heads != d.heads,
+                "model",
+                "gpt",
+                &model,
+            ),
+            (
+                "layers",
+                self.layers.to_string(),
+                self.layers != d.layers,
+                "model",
+                "gpt",
+                &model,
+            ),
+            (
+                "data-dir",
+                shown(self.data_dir.as_ref()),
+                self.data_dir.is_some(),
+                "dataset",
+                "idx",
+                &dataset,
+            ),
+            (
                 "text-file",
-                file.display().to_string(),
+                shown(self.text_file.as_ref()),
+                self.text_file.is_some(),
+                "dataset",
                 "text",
-            ));
-        }
-        if self.dataset != DatasetKind::Synthetic {
-            for (setting, value, default) in [
-                (
-                    "synthetic-samples",
-                    self.synthetic_samples,
-                    d.synthetic_samples,
-                ),
-                ("synthetic-dim", self.synthetic_dim, d.synthetic_dim),
-                (
-                    "synthetic-classes",
-                    self.synthetic_classes,
-                    d.synthetic_classes,
-                ),
-            ] {
-                if value != default {
-                    return Err(unused_by_data(setting, value.to_string(), "synthetic"));
-                }
+                &dataset,
+            ),
+            (
+                "synthetic-samples",
+                self.synthetic_samples.to_string(),
+                self.synthetic_samples != d.synthetic_samples,
+                "dataset",
+                "synthetic",
+                &dataset,
+            ),
+            (
+                "synthetic-dim",
+                self.synthetic_dim.to_string(),
+                self.synthetic_dim != d.synthetic_dim,
+                "dataset",
+                "synthetic",
+                &dataset,
+            ),
+            (
+                "synthetic-classes",
+                self.synthetic_classes.to_string(),
+                self.synthetic_classes != d.synthetic_classes,
+                "dataset",
+                "synthetic",
+                &dataset,
+            ),
+            (
+                "lr-min",
+                self.lr_min.to_string(),
+                self.lr_min != d.lr_min,
+                "lr-schedule",
+                "cosine",
+                &schedule,
+            ),
+            (
+                "lr-step-size",
+                self.lr_step_size.to_string(),
+                self.lr_step_size != d.lr_step_size,
+                "lr-schedule",
+                "step",
+                &schedule,
+            ),
+            (
+                "lr-gamma",
+                self.lr_gamma.to_string(),
+                self.lr_gamma != d.lr_gamma,
+                "lr-schedule",
+                "step",
+                &schedule,
+            ),
+            (
+                "lr-warmup-steps",
+                self.lr_warmup_steps.to_string(),
+                self.lr_warmup_steps != d.lr_warmup_steps,
+                "lr-schedule",
+                "linear-warmup",
+                &schedule,
+            ),
+            (
+                "lr-warmup-start-factor",
+                self.lr_warmup_start_factor.to_string(),
+                self.lr_warmup_start_factor != d.lr_warmup_start_factor,
+                "lr-schedule",
+                "linear-warmup",
+                &schedule,
+            ),
+        ];
+        for (setting, value, given, selector, user, current) in rules {
+            if given && user != current {
+                return Err(bad(
+                    setting,
+                    value,
+                    format!(
+                        "unset: only `{selector}` = {user} uses it, and this run's `{selector}` \
+                         is {current} (drop the setting, or set `{selector}` = {user})"
+                    ),
+                ));
             }
+        }
+        if self.optimizer != OptimizerKind::Sgd && self.momentum != d.momentum {
+            return Err(bad(
+                "momentum",
+                self.momentum,
+                format!(
+                    "unset: only `optimizer` = sgd uses it, and this run's `optimizer` is \
+                     {optimizer} (drop the setting: Adam's moments have PyTorch's betas)"
+                ),
+            ));
         }
         if self.algorithm == AlgorithmKind::Ddp {
             // 0 says what DDP does anyway.
@@ -1444,67 +1515,6 @@ impl TrainConfig {
                     "unset: `algorithm` = ddp has no warmup",
                 ));
             }
-        }
-        let schedule = value_name(&self.lr_schedule);
-        let unused_by_schedule = |setting: &'static str, value: String, user: &str| {
-            bad(
-                setting,
-                value,
-                format!(
-                    "unset: only `lr-schedule` = {user} uses it, and this run's schedule is \
-                         {schedule} (drop the setting, or set `lr-schedule` = {user})"
-                ),
-            )
-        };
-        if self.lr_schedule != LrScheduleKind::Cosine && self.lr_min != d.lr_min {
-            return Err(unused_by_schedule(
-                "lr-min",
-                self.lr_min.to_string(),
-                "cosine",
-            ));
-        }
-        if self.lr_schedule != LrScheduleKind::Step {
-            if self.lr_step_size != d.lr_step_size {
-                return Err(unused_by_schedule(
-                    "lr-step-size",
-                    self.lr_step_size.to_string(),
-                    "step",
-                ));
-            }
-            if self.lr_gamma != d.lr_gamma {
-                return Err(unused_by_schedule(
-                    "lr-gamma",
-                    self.lr_gamma.to_string(),
-                    "step",
-                ));
-            }
-        }
-        if self.lr_schedule != LrScheduleKind::LinearWarmup {
-            if self.lr_warmup_steps != d.lr_warmup_steps {
-                return Err(unused_by_schedule(
-                    "lr-warmup-steps",
-                    self.lr_warmup_steps.to_string(),
-                    "linear-warmup",
-                ));
-            }
-            if self.lr_warmup_start_factor != d.lr_warmup_start_factor {
-                return Err(unused_by_schedule(
-                    "lr-warmup-start-factor",
-                    self.lr_warmup_start_factor.to_string(),
-                    "linear-warmup",
-                ));
-            }
-        }
-        if self.optimizer != OptimizerKind::Sgd && self.momentum != d.momentum {
-            return Err(bad(
-                "momentum",
-                self.momentum,
-                format!(
-                    "unset: SGD's momentum, and `optimizer` = {} does not use it (drop the \
-                     setting; Adam's moments have PyTorch's betas)",
-                    value_name(&self.optimizer)
-                ),
-            ));
         }
         if let Some(steps) = self.steps
             && self.epochs != d.epochs

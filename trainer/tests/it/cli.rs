@@ -65,6 +65,18 @@ fn train_end_to_end_writes_the_run_directory() {
     assert_eq!(saved.steps, Some(60));
 }
 
+/// The values of column `name` of a CSV file the binary wrote (`metrics.csv`, `eval.csv`), one
+/// per row.
+pub(crate) fn csv_column(path: &Path, name: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let k = header.iter().position(|h| *h == name).unwrap();
+    lines
+        .map(|l| l.split(',').nth(k).unwrap().to_string())
+        .collect()
+}
+
 fn assert_rejected(args: &[&str], setting: &str, run: &Path) {
     let out = localsgd(args);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -1405,13 +1417,9 @@ fn warmup_epochs_switch_at_the_epoch_boundary() {
             "--run-dir",
             run.to_str().unwrap(),
         ]));
-        let metrics = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
-        let header: Vec<&str> = metrics.lines().next().unwrap().split(',').collect();
-        let d = header.iter().position(|h| *h == "data_bytes").unwrap();
-        let data: Vec<u64> = metrics
-            .lines()
-            .skip(1)
-            .map(|l| l.split(',').nth(d).unwrap().parse().unwrap())
+        let data: Vec<u64> = csv_column(&run.join("metrics.csv"), "data_bytes")
+            .iter()
+            .map(|v| v.parse().unwrap())
             .collect();
         for (i, bytes) in data.iter().enumerate() {
             let averaging = i >= warmup && (i - warmup).is_multiple_of(4);

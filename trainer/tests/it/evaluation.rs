@@ -70,15 +70,7 @@ fn every_rank_writes_its_losses_and_they_average_to_the_world_mean() {
         "--run-dir",
         run.to_str().unwrap(),
     ]));
-    let column = |file: &str, name: &str| -> Vec<String> {
-        let text = std::fs::read_to_string(run.join(file)).unwrap();
-        let mut lines = text.lines();
-        let header: Vec<&str> = lines.next().unwrap().split(',').collect();
-        let k = header.iter().position(|h| *h == name).unwrap();
-        lines
-            .map(|l| l.split(',').nth(k).unwrap().to_string())
-            .collect()
-    };
+    let column = |file: &str, name: &str| crate::cli::csv_column(&run.join(file), name);
     let files = [
         "metrics.csv",
         "metrics-rank1.csv",

@@ -186,13 +186,9 @@ fn changed_settings_are_applied_and_recorded_with_their_iteration() {
         (0.01, Some(20), 5)
     );
     // The second resume kept lr 0.01 without being told: every iteration from 10 on ran at it.
-    let metrics = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
-    let header: Vec<&str> = metrics.lines().next().unwrap().split(',').collect();
-    let lr = header.iter().position(|c| *c == "lr").unwrap();
-    let rates: Vec<f64> = metrics
-        .lines()
-        .skip(1)
-        .map(|l| l.split(',').nth(lr).unwrap().parse().unwrap())
+    let rates: Vec<f64> = crate::cli::csv_column(&run.join("metrics.csv"), "lr")
+        .iter()
+        .map(|v| v.parse().unwrap())
         .collect();
     assert_eq!(rates.len(), 20);
     assert!(rates[..10].iter().all(|&r| r == 0.05), "{rates:?}");

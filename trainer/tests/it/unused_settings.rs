@@ -46,36 +46,43 @@ fn settings_the_run_would_not_use_are_refused() {
             vec!["--text-file", t],
             &[
                 "invalid setting `text-file`",
-                "`dataset` = text only",
-                "`dataset` is digits",
+                "only `dataset` = text uses it",
+                "this run's `dataset` is digits",
             ],
         ),
         (
             [&gpt[..], &["--hidden", "999"]].concat(),
             &[
                 "invalid setting `hidden` = [999]",
-                "the MLP",
-                "`model` = gpt does not use it",
+                "only `model` = mlp uses it",
+                "this run's `model` is gpt",
             ],
         ),
         (
             vec!["--d-model", "64"],
-            &["invalid setting `d-model` = 64", "the GPT", "`model` = mlp"],
+            &[
+                "invalid setting `d-model` = 64",
+                "only `model` = gpt uses it",
+                "this run's `model` is mlp",
+            ],
         ),
         (
             vec!["--heads", "2"],
-            &["invalid setting `heads` = 2", "`model` = mlp"],
+            &["invalid setting `heads` = 2", "this run's `model` is mlp"],
         ),
         (
             vec!["--model", "cnn", "--hidden", "32"],
             &[
                 "invalid setting `hidden` = [32]",
-                "`model` = cnn does not use it",
+                "this run's `model` is cnn",
             ],
         ),
         (
             vec!["--channels", "4"],
-            &["invalid setting `channels` = [4]", "the CNN"],
+            &[
+                "invalid setting `channels` = [4]",
+                "only `model` = cnn uses it",
+            ],
         ),
         (
             vec!["--algorithm", "ddp", "--warmup", "7"],
@@ -105,18 +112,21 @@ fn settings_the_run_would_not_use_are_refused() {
             vec!["--synthetic-dim", "8"],
             &[
                 "invalid setting `synthetic-dim` = 8",
-                "`dataset` = synthetic only",
+                "only `dataset` = synthetic uses it",
             ],
         ),
         (
             vec!["--data-dir", "/tmp"],
-            &["invalid setting `data-dir` = /tmp", "`dataset` = idx only"],
+            &[
+                "invalid setting `data-dir` = /tmp",
+                "only `dataset` = idx uses it",
+            ],
         ),
         (
             vec!["--optimizer", "adam", "--momentum", "0.5"],
             &[
                 "invalid setting `momentum` = 0.5",
-                "`optimizer` = adam does not use it",
+                "this run's `optimizer` is adam",
             ],
         ),
         (
