@@ -83,7 +83,12 @@ impl ConfigFlags {
         // them replaces the run's in the other (`--resume --epochs 40` on a run of `steps`
         // trains to 40 epochs).
         let file = file.unwrap_or_default();
-        let given = |key: &str| file.contains_key(key);
+        // Given now: as a flag, or in the file with another value than the run's (a file that
+        // repeats the run's settings gives nothing new).
+        let given = |key: &str| {
+            file.get(key)
+                .is_some_and(|v| saved.settings.get(key) != Some(v))
+        };
         if (self.epochs.is_some() || given("epochs")) && self.steps.is_none() && !given("steps") {
             table.remove("steps");
         }

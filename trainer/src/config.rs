@@ -851,13 +851,18 @@ settings! {
         #[setting(type = "integer ≥ 0")]
         #[arg(allow_negative_numbers = true)]
         keep_checkpoints: usize = 3,
-        /// Continue from the latest checkpoint in `run-dir` (`--resume` alone means true).
+        /// Continue from the latest checkpoint in `run-dir` (`--resume` alone means true), with
+        /// the run's own settings.
         ///
         /// Restores `run-dir/checkpoints/latest`: parameters, optimizer state, averager step,
-        /// hook `iter`, data position. Refused if the checkpoint was written with another
-        /// `workers` (unless `resume-ranks` says how to continue it) or other algorithm
-        /// settings (`algorithm`, `warmup`, `period`, `overlap`, `levels`, `subgroup-size`,
-        /// `post-local-allreduce`, `compression` and the outer optimizer's settings).
+        /// hook `iter`, data position. The settings start from the run's `config.toml`; those
+        /// given again are applied on top. A setting the checkpoint fixes (the model and its
+        /// shape, the data set and its order, `seed`, the optimizer, the algorithm, `workers`
+        /// unless `resume-ranks` says how to continue) is refused when it differs; one that may
+        /// change (the length, the learning-rate schedule, cadences, `on-rank-failure`, the
+        /// backend, where the data is) is recorded in `config.toml` with the iteration it holds
+        /// from. A length the checkpoint already holds is refused (book: The localsgd binary,
+        /// "Resuming a run").
         #[setting(type = "bool")]
         #[arg(num_args = 0..=1, default_missing_value = "true")]
         resume: bool = false,
@@ -1013,6 +1018,16 @@ impl TrainConfig {
     /// run's `config.toml`, which trains the same when read back.
     pub fn with_defaults_filled(&self) -> Self {
         let mut cfg = self.clone();
+        // Files as absolute paths, so that the file means the same from another directory (a
+        // resume started elsewhere).
+        for path in [&mut cfg.text_file, &mut cfg.data_dir, &mut cfg.init_weights]
+            .into_iter()
+            .flatten()
+        {
+            if let Ok(absolute) = std::fs::canonicalize(&*path) {
+                *path = absolute;
+            }
+        }
         cfg.period = cfg.period.or(cfg.algorithm.default_period());
         if cfg.algorithm == AlgorithmKind::Slowmo && cfg.levels.is_empty() {
             cfg.slowmo_frequency = cfg
@@ -1340,6 +1355,34 @@ impl TrainConfig {
     /// another model's shape, another data set's source, another schedule's or optimizer's
     /// parameters, the warmup of DDP, `epochs` under `steps`.
     fn check_all_used(&self) -> Result<(), ConfigError> {
+        match self.unused().into_iter().next() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// These settings with every value this run would not use (what `validate` refuses) back
+    /// at its default, except DDP's warmup, which checkpoints record in the algorithm's
+    /// identity: a run file written by a version that accepted such values resumes as the run
+    /// went.
+    pub fn without_unused(&self) -> Self {
+        let unused: Vec<&'static str> = self
+            .unused()
+            .into_iter()
+            .map(|e| e.setting)
+            .filter(|s| !matches!(*s, "warmup" | "warmup-epochs"))
+            .collect();
+        let mut table: toml::Table = toml::from_str(&self.to_toml()).unwrap_or_default();
+        for setting in unused {
+            table.remove(setting);
+        }
+        Self::from_table(table).unwrap_or_else(|_| self.clone())
+    }
+
+    /// Every setting given a value (other than its default) that this run would not use, as
+    /// the refusal that names it.
+    fn unused(&self) -> Vec<ConfigError> {
+        let mut out = Vec::new();
         let d = Self::default();
         let (model, dataset) = (value_name(&self.model), value_name(&self.dataset));
         let (schedule, optimizer) = (value_name(&self.lr_schedule), value_name(&self.optimizer));
@@ -1478,7 +1521,7 @@ impl TrainConfig {
         ];
         for (setting, value, given, selector, user, current) in rules {
             if given && user != current {
-                return Err(bad(
+                out.push(bad(
                     setting,
                     value,
                     format!(
@@ -1489,7 +1532,7 @@ impl TrainConfig {
             }
         }
         if self.optimizer != OptimizerKind::Sgd && self.momentum != d.momentum {
-            return Err(bad(
+            out.push(bad(
                 "momentum",
                 self.momentum,
                 format!(
@@ -1498,10 +1541,49 @@ impl TrainConfig {
                 ),
             ));
         }
-        if self.algorithm == AlgorithmKind::Ddp {
+        // Local SGD sends no gradients: the gradient buckets' settings do nothing.
+        if self.algorithm == AlgorithmKind::LocalSgd {
+            for (setting, value, given) in [
+                (
+                    "bucket-cap-mb",
+                    self.bucket_cap_mb.to_string(),
+                    self.bucket_cap_mb != d.bucket_cap_mb,
+                ),
+                (
+                    "first-bucket-mb",
+                    self.first_bucket_mb.to_string(),
+                    self.first_bucket_mb != d.first_bucket_mb,
+                ),
+                (
+                    "pipeline-buckets",
+                    value_name(&self.pipeline_buckets),
+                    self.pipeline_buckets != d.pipeline_buckets,
+                ),
+            ] {
+                if given {
+                    out.push(bad(
+                        setting,
+                        value,
+                        "unset: `algorithm` = local-sgd sends no gradients, so it has no \
+                         gradient buckets (drop the setting)",
+                    ));
+                }
+            }
+        }
+        if self.accumulate == 1 && self.accumulation != d.accumulation {
+            out.push(bad(
+                "accumulation",
+                value_name(&self.accumulation),
+                "unset: it says how a step's micro-batches meet an epoch's end, and with \
+                 `accumulate` = 1 a step has one (drop the setting, or set `accumulate`)",
+            ));
+        }
+        // A resumed DDP run keeps what its checkpoint's identity records (the resume checks
+        // it); a fresh one has no warmup.
+        if self.algorithm == AlgorithmKind::Ddp && !self.resume {
             // 0 says what DDP does anyway.
             if self.warmup != d.warmup && self.warmup != 0 {
-                return Err(bad(
+                out.push(bad(
                     "warmup",
                     self.warmup,
                     "unset: `algorithm` = ddp all-reduces gradients on every step and has no \
@@ -1509,7 +1591,7 @@ impl TrainConfig {
                 ));
             }
             if let Some(e) = self.warmup_epochs {
-                return Err(bad(
+                out.push(bad(
                     "warmup-epochs",
                     e,
                     "unset: `algorithm` = ddp has no warmup",
@@ -1519,7 +1601,7 @@ impl TrainConfig {
         if let Some(steps) = self.steps
             && self.epochs != d.epochs
         {
-            return Err(bad(
+            out.push(bad(
                 "epochs",
                 self.epochs,
                 format!(
@@ -1528,15 +1610,15 @@ impl TrainConfig {
                 ),
             ));
         }
-        Ok(())
+        out
     }
 }
 
 /// A TOML error, with a hint where a line gives a setting a bare word (`outer-compression =
-/// int4`): TOML strings need quotes, and the parser's own message ("invalid float") does not
-/// say so.
+/// int4`): TOML strings need quotes (and booleans are lowercase), and the parser's own message
+/// ("invalid float") does not say so.
 fn with_quote_hint(text: &str, error: String) -> String {
-    let bare = text.lines().find_map(|line| {
+    let hint = text.lines().find_map(|line| {
         let line = line.split('#').next()?.trim();
         let (key, value) = line.split_once('=')?;
         let (key, value) = (key.trim(), value.trim());
@@ -1546,10 +1628,23 @@ fn with_quote_hint(text: &str, error: String) -> String {
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || "_-:+.".contains(c))
             && !matches!(value, "true" | "false" | "inf" | "nan");
-        word.then(|| format!("{key} = \"{value}\""))
+        if !word {
+            return None;
+        }
+        let setting = SETTINGS.iter().find(|s| s.field.replace('_', "-") == key)?;
+        let text = setting.type_text;
+        if text.starts_with("bool") {
+            return Some(match value.to_lowercase().as_str() {
+                v @ ("true" | "false") => format!("`{key}` is written in lowercase: {key} = {v}"),
+                _ => format!("`{key}` takes true or false"),
+            });
+        }
+        // Values, paths and strings are TOML strings; numbers and lists are not.
+        (text.starts_with('`') || text.starts_with("path") || text.starts_with("string"))
+            .then(|| format!("a text value needs quotes in TOML: {key} = \"{value}\""))
     });
-    match bare {
-        Some(quoted) => format!("{error}\nhint: a text value needs quotes in TOML: {quoted}"),
+    match hint {
+        Some(hint) => format!("{error}\nhint: {hint}"),
         None => error,
     }
 }

@@ -295,33 +295,46 @@ pub(crate) fn report(cfg: &TrainConfig, outcome: &RankOutcome, dir: &Path) -> Re
     Ok(())
 }
 
-/// What the run's collectives carry, and in which format: gradients (DDP, and the warmup of
-/// the algorithms that have one) in `compression`'s, model averages or pseudo-gradients in
-/// `outer-compression`'s.
+/// What the run's collectives carry, and in which format: gradients (DDP's every step, the
+/// warmup of the algorithms that have one, and with `post-local-allreduce` within subgroups
+/// after it) in `compression`'s, model averages or pseudo-gradients in `outer-compression`'s
+/// (hierarchical averaging compresses its whole-world level only).
 pub(crate) fn wire_format(cfg: &TrainConfig) -> String {
     use localsgd_trainer::config::{AlgorithmKind, Compression};
-    let gradients = match cfg.compression {
+    let format = match cfg.compression {
         Compression::None => "f32",
         Compression::Fp16 => "fp16",
         Compression::Bf16 => "bf16",
     };
-    let outer = cfg
-        .outer_compression
-        .map_or_else(|| "f32".to_string(), |c| c.to_string());
-    let outer = if outer == "none" {
-        "f32".to_string()
-    } else {
-        outer
+    let outer = match cfg.outer_compression.map(|c| c.to_string()) {
+        Some(c) if c != "none" => c,
+        _ => "f32".to_string(),
     };
-    match cfg.algorithm {
-        AlgorithmKind::Ddp => format!("gradients {gradients}"),
-        AlgorithmKind::LocalSgd => format!("model averages {outer}"),
+    let warmup = cfg.warmup > 0 || cfg.warmup_epochs.is_some_and(|e| e > 0);
+    let gradients = match (warmup, cfg.post_local_allreduce) {
+        (true, true) => Some(format!(
+            "gradients {format} (warmup, then within subgroups)"
+        )),
+        (true, false) => Some(format!("gradients {format} (warmup)")),
+        (false, true) => Some(format!("gradients {format} (within subgroups)")),
+        (false, false) => None,
+    };
+    let averages = match cfg.algorithm {
+        AlgorithmKind::Ddp => return format!("gradients {format}"),
+        AlgorithmKind::LocalSgd => return format!("model averages {outer}"),
         AlgorithmKind::Diloco | AlgorithmKind::StreamingDiloco => {
-            format!("gradients {gradients} (warmup), pseudo-gradients {outer}")
+            format!("pseudo-gradients {outer}")
+        }
+        AlgorithmKind::Hierarchical if outer != "f32" => {
+            format!("model averages {outer} (whole world), f32 (lower levels)")
         }
         AlgorithmKind::PostLocalSgd | AlgorithmKind::Hierarchical | AlgorithmKind::Slowmo => {
-            format!("gradients {gradients} (warmup), model averages {outer}")
+            format!("model averages {outer}")
         }
+    };
+    match gradients {
+        Some(g) => format!("{g}, {averages}"),
+        None => averages,
     }
 }
 

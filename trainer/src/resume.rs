@@ -51,7 +51,7 @@ pub fn rule(key: &str) -> SettingRule {
         "the checkpoint holds that algorithm's state (averager, hook, outer optimizer, residuals)";
     const WORLD: &str = "the checkpoint holds one file per worker";
     const METRICS: &str = "the run's metrics file is written in that format";
-    const START: &str = "it applies to a fresh run's first iteration only";
+    const START: &str = "a resume does not use it (it applies to a fresh run's start only)";
     match key {
         "run-dir" | "resume" | "resume-ranks" | "print-config" | "export" | "export-rank" => {
             SettingRule::Invocation
@@ -78,18 +78,23 @@ pub fn rule(key: &str) -> SettingRule {
         | "bucket-cap-mb"
         | "first-bucket-mb"
         | "flush-denormals" => SettingRule::Changeable,
+        // Where the data is (a data set moved since): the run continues at its data position,
+        // so the data must be the same.
+        "data-dir" | "text-file" => SettingRule::Changeable,
         "workers" => SettingRule::Fixed(WORLD),
-        "model" | "hidden" | "channels" | "context" | "d-model" | "heads" | "layers"
-        | "init-weights" => SettingRule::Fixed(MODEL),
-        "dataset" | "data-dir" | "text-file" | "synthetic-samples" | "synthetic-dim"
-        | "synthetic-classes" => SettingRule::Fixed(DATA),
+        "model" | "hidden" | "channels" | "context" | "d-model" | "heads" | "layers" => {
+            SettingRule::Fixed(MODEL)
+        }
+        "dataset" | "synthetic-samples" | "synthetic-dim" | "synthetic-classes" => {
+            SettingRule::Fixed(DATA)
+        }
         "batch-size" | "accumulate" | "accumulation" | "shuffle" => SettingRule::Fixed(ORDER),
         "seed" => SettingRule::Fixed(SEED),
         "optimizer" | "momentum" | "weight-decay" | "clip-grad-norm" | "skip-non-finite" => {
             SettingRule::Fixed(OPTIMIZER)
         }
         "metrics-format" => SettingRule::Fixed(METRICS),
-        "broadcast-start" => SettingRule::Fixed(START),
+        "broadcast-start" | "init-weights" => SettingRule::Fixed(START),
         // The algorithm section, and any setting added later until it is classified.
         _ => SettingRule::Fixed(ALGORITHM),
     }
@@ -197,18 +202,33 @@ impl RunSettings {
                 });
             }
         };
-        let (settings, history) =
-            split_history(&text).map_err(|reason| ResumeError::BadConfig {
-                path: path.clone(),
-                reason,
-            })?;
-        // The settings must still make a configuration (a file edited by hand may not).
-        TrainConfig::from_table(settings.clone()).map_err(|reason| ResumeError::BadConfig {
+        let bad = |reason| ResumeError::BadConfig {
             path: path.clone(),
             reason,
-        })?;
+        };
+        let (mut settings, history) = split_history(&text).map_err(bad)?;
+        // A file written before `keep-checkpoints` existed: that version kept every checkpoint.
+        settings
+            .entry("keep-checkpoints")
+            .or_insert(toml::Value::Integer(0));
+        // The settings must still make a configuration (a file edited by hand may not). Values
+        // the run did not use (a version that accepted them wrote them) count as unset.
+        let mut run = TrainConfig::from_table(settings)
+            .map_err(bad)?
+            .without_unused();
+        // After ranks left (`on-rank-failure = "continue"`) the latest checkpoint is the
+        // survivors': the run goes on with their number, and hierarchical averaging's
+        // whole-world level as they ran it.
+        if let Ok((_, saved)) = CheckpointDir::new(run_dir).latest_identity()
+            && saved.world_size != run.workers
+        {
+            if let Ok(spec) = run.algorithm_spec() {
+                run.levels = Levels::from(spec.for_world(saved.world_size).levels);
+            }
+            run.workers = saved.world_size;
+        }
         Ok(Self {
-            settings,
+            settings: table_of(&run),
             history,
             path,
         })
@@ -257,14 +277,49 @@ pub fn split_history(text: &str) -> Result<(toml::Table, Vec<toml::Table>), Stri
         Some(toml::Value::Array(entries)) => entries
             .into_iter()
             .map(|e| match e {
-                toml::Value::Table(t) => Ok(t),
+                toml::Value::Table(t) => {
+                    match t.keys().find(|k| !HISTORY_FIELDS.contains(&k.as_str())) {
+                        Some(key) => Err(format!(
+                            "`{key}` stands below a `[[{HISTORY_KEY}]]` table, so TOML reads it as \
+                         part of the run's history, not as a setting: move it above the first \
+                         `[[{HISTORY_KEY}]]` line"
+                        )),
+                        None => Ok(t),
+                    }
+                }
                 _ => Err(history_error()),
             })
             .collect::<Result<_, _>>()?,
         Some(_) => return Err(history_error()),
     };
+    // The last table's settings hold from its iteration on: the file's settings say the same,
+    // unless a line written below the history landed in that table.
+    if let Some(toml::Value::Table(last)) = history.last().and_then(|h| h.get("settings")) {
+        for (key, value) in last {
+            let unset = value.as_str() == Some("(unset)");
+            let agrees = match table.get(key) {
+                Some(v) => v == value,
+                None => unset,
+            };
+            if !agrees {
+                return Err(format!(
+                    "the last `[[{HISTORY_KEY}]]` table says `{key}` = {value} from its \
+                     iteration on, but the file's settings say {}: a line written below the \
+                     history lands in that table; write settings above the first \
+                     `[[{HISTORY_KEY}]]` line (a resume, not an edit, changes a run's settings)",
+                    table
+                        .get(key)
+                        .map_or_else(|| "(unset)".to_string(), toml::Value::to_string)
+                ));
+            }
+        }
+    }
     Ok((table, history))
 }
+
+/// The keys a `[[resumed]]` table has: a key anywhere else in it is a setting written below
+/// the history, where TOML puts it into the last table.
+const HISTORY_FIELDS: [&str; 3] = ["iteration", "settings", "before"];
 
 fn history_error() -> String {
     format!(

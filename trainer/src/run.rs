@@ -687,6 +687,9 @@ struct RankState {
     curve: Vec<(f64, f64)>,
     /// Communication of the worlds that ended in a failure.
     traffic: Traffic,
+    /// What the start broadcast sent (the first world's, before its first iteration; a world
+    /// after a failure resumes and broadcasts nothing).
+    start_traffic: Traffic,
     /// The checkpoints this job can continue from (the newest last, at most a few): their
     /// iterations and this rank's file in each (its rank in the world that wrote it, or the
     /// saved rank it resumed from). A checkpoint in the run directory that is not one of them
@@ -705,6 +708,7 @@ impl RankState {
             samples: 0,
             curve: Vec::new(),
             traffic: Traffic::default(),
+            start_traffic: Traffic::default(),
             checkpoints: Vec::new(),
         })
     }
@@ -902,6 +906,9 @@ fn train_from(
             Outcome::Trained(m, report) => {
                 model = m;
                 state.iteration = pipeline.iteration();
+                if pipeline.start_traffic() != Traffic::default() {
+                    state.start_traffic = pipeline.start_traffic();
+                }
                 if let Some(since) = state.recovering.take() {
                     recovered(&mut state.membership, Some(since), rank, run_dir)?;
                 }
@@ -999,7 +1006,7 @@ fn train_from(
         local_test_loss: local.loss,
         last_global_loss: last_global,
         traffic,
-        start_traffic: pipeline.start_traffic(),
+        start_traffic: state.start_traffic,
         phase_times: *pipeline.phase_times(),
         wall,
         samples,
@@ -1230,15 +1237,15 @@ fn inject(
         // A panic under MPI ends the whole job (`MPI_Abort`); a process that dies does not.
         FaultKind::Checkpoint if group.backend() != "threads" => {
             eprintln!(
-                "injected fault: rank {rank} aborts its process after iteration {iteration}'s \
-                 checkpoint was written, before it is published ({})",
+                "injected fault: rank {rank} aborts its process after the checkpoint of \
+                 {iteration} iterations was written, before it is published ({})",
                 crate::fault::ENV
             );
             std::process::abort();
         }
         FaultKind::Checkpoint => panic!(
-            "injected fault: rank {rank} panics after iteration {iteration}'s checkpoint was \
-             written, before it is published ({})",
+            "injected fault: rank {rank} panics after the checkpoint of {iteration} iterations \
+             was written, before it is published ({})",
             crate::fault::ENV
         ),
         FaultKind::Stall => {

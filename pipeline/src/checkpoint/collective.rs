@@ -211,7 +211,12 @@ impl Checkpoints {
     /// there.
     pub fn publish(&self, iterations_done: u64) -> Result<(), CheckpointError> {
         self.dir.publish(iterations_done)?;
-        self.dir.prune(self.keep).map(|_| ())
+        // The checkpoint is published: a directory that cannot be deleted (a file system that
+        // refuses) costs disk, not the run.
+        if let Err(e) = self.dir.prune(self.keep) {
+            tracing::warn!("keeping older checkpoints: {e}");
+        }
+        Ok(())
     }
 
     /// Continue this run from its latest published checkpoint: load `rank`'s file (normally

@@ -330,3 +330,217 @@ fn a_resume_without_the_runs_config_is_refused() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("config.toml does not exist"), "{stderr}");
 }
+
+/// A `--config` file that repeats the run's length settings changes nothing on a resume (only a
+/// value other than the run's replaces its length), and a file whose settings stand below the
+/// history is refused.
+#[test]
+fn a_config_file_that_repeats_the_run_and_a_line_below_the_history() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let run_dir = run.to_str().unwrap();
+    let base = dir.path().join("base.toml");
+    std::fs::write(&base, "epochs = 30\nlr = 0.05\n").unwrap();
+    let base = base.to_str().unwrap();
+    // A run of 10 steps that fails after its checkpoint of 5.
+    let out = Command::new(env!("CARGO_BIN_EXE_localsgd"))
+        .args([
+            "train",
+            "--config",
+            base,
+            "--steps",
+            "10",
+            "--checkpoint-every",
+            "5",
+        ])
+        .args(["--progress", "false", "--run-dir", run_dir])
+        .env("LOCALSGD_FAULT", "panic@1:7")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    // The same file again: its `epochs` is not a new length, the run still ends at 10 steps.
+    let out = ok(&["train", "--config", base, "--resume", "--run-dir", run_dir]);
+    assert!(out.contains("trained 10 iterations"), "{out}");
+    ok(&["train", "--resume", "--steps", "15", "--run-dir", run_dir]);
+    // A setting appended below the history lands in it: refused, not ignored.
+    let config = run.join("config.toml");
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    assert!(text.contains("[[resumed]]"), "{text}");
+    text.push_str("lr = 0.01\n");
+    std::fs::write(&config, &text).unwrap();
+    let out = localsgd(&[
+        "train",
+        "--config",
+        config.to_str().unwrap(),
+        "--run-dir",
+        run_dir,
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("a line written below the history lands in that table"),
+        "{stderr}"
+    );
+}
+
+/// A run directory an earlier version wrote: no `keep-checkpoints` (that version kept every
+/// checkpoint, and so does its resume) and a value the run did not use (counted as unset).
+#[test]
+fn a_run_directory_of_an_earlier_version_resumes_as_it_went() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let run_dir = run.to_str().unwrap();
+    ok(&[
+        "train",
+        "--steps",
+        "12",
+        "--checkpoint-every",
+        "2",
+        "--keep-checkpoints",
+        "0",
+        "--run-dir",
+        run_dir,
+    ]);
+    let config = run.join("config.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    let old: String = text
+        .lines()
+        .filter(|l| !l.starts_with("keep-checkpoints"))
+        .map(|l| match l.starts_with("d-model") {
+            true => "d-model = 64\n".to_string(),
+            false => format!("{l}\n"),
+        })
+        .collect();
+    assert!(old.contains("d-model = 64") && !old.contains("keep-checkpoints"));
+    std::fs::write(&config, old).unwrap();
+    ok(&["train", "--resume", "--steps", "16", "--run-dir", run_dir]);
+    let sealed = std::fs::read_dir(run.join("checkpoints"))
+        .unwrap()
+        .filter(|e| {
+            let name = e.as_ref().unwrap().file_name();
+            let name = name.to_string_lossy();
+            name.starts_with("step-") && !name.ends_with(".tmp")
+        })
+        .count();
+    assert_eq!(sealed, 8, "every checkpoint kept, 2 to 16");
+    let saved = TrainConfig::from_toml_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    assert_eq!(saved.d_model, TrainConfig::default().d_model);
+}
+
+/// After a rank left (`on-rank-failure = "continue"`), a plain resume continues on the
+/// survivors' number of workers; the report's start broadcast counts the first world's.
+#[test]
+fn a_run_that_lost_a_rank_resumes_on_the_survivors() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let run_dir = run.to_str().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_localsgd"))
+        .args([
+            "train",
+            "--workers",
+            "3",
+            "--algorithm",
+            "hierarchical",
+            "--warmup",
+            "2",
+            "--levels",
+            "2:1,4:3",
+            "--steps",
+            "12",
+            "--checkpoint-every",
+            "2",
+            "--on-rank-failure",
+            "continue",
+            "--timeout-secs",
+            "20",
+            "--progress",
+            "false",
+            "--run-dir",
+            run_dir,
+        ])
+        .env("LOCALSGD_FAULT", "panic@1:5")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
+    assert!(summary["start_bytes"].as_u64().unwrap() > 0, "{summary}");
+    let out = ok(&[
+        "train",
+        "--resume",
+        "--steps",
+        "16",
+        "--progress",
+        "false",
+        "--run-dir",
+        run_dir,
+    ]);
+    assert!(out.contains("trained 16 iterations on 2 workers"), "{out}");
+}
+
+/// Data found by a relative path is saved as an absolute one: a resume from another directory
+/// finds it; a moved data set is given again (recorded).
+#[test]
+fn a_relative_data_path_resumes_from_another_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = "abcdefghijklmnopqrstuvwxyz ".repeat(200);
+    std::fs::write(dir.path().join("t.txt"), &text).unwrap();
+    let run = dir.path().join("run");
+    let run_dir = run.to_str().unwrap();
+    let small = [
+        "--model",
+        "gpt",
+        "--dataset",
+        "text",
+        "--context",
+        "8",
+        "--d-model",
+        "16",
+        "--heads",
+        "2",
+        "--layers",
+        "1",
+        "--progress",
+        "false",
+        "--run-dir",
+        run_dir,
+    ];
+    let out = Command::new(env!("CARGO_BIN_EXE_localsgd"))
+        .current_dir(dir.path())
+        .args(["train", "--text-file", "t.txt", "--steps", "4"])
+        .args(small)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ok(&["train", "--resume", "--steps", "6", "--run-dir", run_dir]);
+    let moved = dir.path().join("moved.txt");
+    std::fs::rename(dir.path().join("t.txt"), &moved).unwrap();
+    ok(&[
+        "train",
+        "--resume",
+        "--steps",
+        "8",
+        "--text-file",
+        moved.to_str().unwrap(),
+        "--run-dir",
+        run_dir,
+    ]);
+    let (_, history) =
+        split_history(&std::fs::read_to_string(run.join("config.toml")).unwrap()).unwrap();
+    let last = history.last().unwrap();
+    assert!(
+        last["settings"]["text-file"]
+            .as_str()
+            .unwrap()
+            .ends_with("moved.txt"),
+        "{last}"
+    );
+}

@@ -134,6 +134,24 @@ fn settings_the_run_would_not_use_are_refused() {
             &["invalid setting `epochs` = 3", "`steps` = 10 ends the run"],
         ),
         (
+            vec!["--algorithm", "local-sgd", "--bucket-cap-mb", "5"],
+            &[
+                "invalid setting `bucket-cap-mb` = 5",
+                "local-sgd sends no gradients",
+            ],
+        ),
+        (
+            vec!["--algorithm", "local-sgd", "--pipeline-buckets", "off"],
+            &["invalid setting `pipeline-buckets` = off"],
+        ),
+        (
+            vec!["--accumulation", "epoch-end"],
+            &[
+                "invalid setting `accumulation` = epoch-end",
+                "`accumulate` = 1",
+            ],
+        ),
+        (
             vec![
                 "--on-rank-failure",
                 "continue",
@@ -315,4 +333,31 @@ fn a_pipe_as_text_and_an_unquoted_toml_word_are_explained() {
         &["hint: a text value needs quotes in TOML: outer-compression = \"int4\""],
         &run,
     );
+    // A boolean is not quoted; a number gets no text hint.
+    let with_file = |text: &str| {
+        std::fs::write(&config, text).unwrap();
+        localsgd(
+            &[
+                "train",
+                "--config",
+                config.to_str().unwrap(),
+                "--run-dir",
+                r,
+            ],
+            None,
+        )
+    };
+    let out = with_file("shuffle = False\n");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("hint: `shuffle` is written in lowercase: shuffle = false"),
+        "{stderr}"
+    );
+    let out = with_file("period = four\n");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && !stderr.contains("hint:"),
+        "{stderr}"
+    );
+    assert!(!run.exists());
 }
