@@ -44,8 +44,7 @@
 //!             .with_averager(parts.averager.unwrap())
 //!             .with_checkpointer(checkpoints.checkpointer(Publish::Now));
 //!         let mut model = Scale { w: Param::from_tensor(Tensor::ones([1], &device)) };
-//!         let optimizer = SgdConfig::new().init();
-//!         let from = match checkpoints.resume(world.rank(), model.clone(), optimizer, &mut pipeline) {
+//!         let from = match checkpoints.resume(model.clone(), &mut pipeline) {
 //!             Ok(resumed) => {
 //!                 model = resumed.model;
 //!                 resumed.iterations_done

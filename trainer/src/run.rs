@@ -787,18 +787,22 @@ fn train_from(
             return Err(CheckpointError::Missing(Path::new("(no run directory)").into()).into());
         }
         (start, Some(c)) => {
-            let optimizer = optimizer(cfg)?;
             let r = match start {
-                Start::ResumeFrom(saved) => {
-                    c.resume_from(*saved, &spec, model, optimizer, &mut pipeline)
-                }
+                Start::ResumeFrom(saved) => c.resume_from(*saved, &spec, model, &mut pipeline),
                 Start::Received { bytes, .. } => {
-                    c.resume_received(bytes, &spec, model, optimizer, &mut pipeline)
+                    c.resume_received(bytes, &spec, model, &mut pipeline)
                 }
-                _ => c.resume(rank, model, optimizer, &mut pipeline),
+                _ => c.resume(model, &mut pipeline),
             }
             .map_err(checkpoint_failure)?;
-            (r.model, r.data, Some(r.iterations_done), r.saved.world_size)
+            // The binary's loader always records where it stands.
+            let position = r.data.unwrap_or_default();
+            (
+                r.model,
+                position,
+                Some(r.iterations_done),
+                r.saved.world_size,
+            )
         }
     };
     if state.recovering.is_some()

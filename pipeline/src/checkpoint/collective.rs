@@ -8,7 +8,6 @@ use crate::pipeline::{
     refresh_buffers,
 };
 use burn::module::Module;
-use burn::optim::ModuleOptimizer;
 use localsgd_comm::params::ParamSelection;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -53,9 +52,10 @@ pub struct Resumed<M> {
     /// The model with this rank's saved parameters (and their saved `ParamId`s, so the restored
     /// optimizer state stays attached).
     pub model: M,
-    /// Where this rank's batch source stood: start the source there (the default, the start of
-    /// epoch 0, when the saving source could not say).
-    pub data: DataPosition,
+    /// Where this rank's batch source stood: start the source there. `None` when the saving
+    /// source could not say ([`IterSource`](crate::pipeline::IterSource) records no position):
+    /// then skip the batches of the [`iterations_done`](Self::iterations_done) steps yourself.
+    pub data: Option<DataPosition>,
     /// Iterations the checkpoint holds (the pipeline's [`iteration`](Pipeline::iteration) from
     /// now on).
     pub iterations_done: u64,
@@ -219,28 +219,30 @@ impl Checkpoints {
         Ok(())
     }
 
-    /// Continue this run from its latest published checkpoint: load `rank`'s file (normally
-    /// `pipeline.group().rank()`), check that the checkpoint was written by a run with this
+    /// Continue this run from its latest published checkpoint: load this rank's file (the rank
+    /// of `pipeline`'s group), check that the checkpoint was written by a run with this
     /// identity (world size and algorithm settings, from the manifest first), put its
-    /// parameters and their `ParamId`s into `model`, load its optimizer record into `optimizer`
-    /// (a fresh one, configured as the saving run's), and [`Pipeline::restore`] the rest
-    /// (iterations, skipped steps, averager and hook state, a pending overlapped average, the
-    /// outer averager's `θ` and momentum). Call it before the first iteration, on a pipeline
-    /// built as the saving run's; start the batch source at [`Resumed::data`].
+    /// parameters and their `ParamId`s into `model`, load its optimizer record into the
+    /// pipeline's optimizer (configured as the saving run's), and [`Pipeline::restore`] the
+    /// rest (iterations, skipped steps, averager and hook state, a pending overlapped average,
+    /// the outer averager's `θ` and momentum). Call it before the first iteration, on a
+    /// pipeline built as the saving run's; start the batch source at [`Resumed::data`].
     ///
     /// [`CheckpointError::Missing`] when the run has no checkpoint yet (start fresh then);
     /// [`CheckpointError::Incompatible`] for another run's checkpoint or another model's
-    /// shapes; [`CheckpointError::Restore`] when the pipeline refuses the saved states.
+    /// shapes; [`CheckpointError::Restore`] when the pipeline refuses the saved states;
+    /// [`CheckpointError::Unsupported`] for a pipeline whose optimizer it does not hold
+    /// ([`Pipeline::with_inner_optimizer`]).
     pub fn resume<M: Module>(
         &self,
-        rank: usize,
         model: M,
-        optimizer: ModuleOptimizer,
         pipeline: &mut Pipeline<M>,
     ) -> Result<Resumed<M>, CheckpointError> {
-        let ckpt = self.dir.load_rank(rank, &self.identity)?;
+        let ckpt = self
+            .dir
+            .load_rank(pipeline.group().rank(), &self.identity)?;
         let saved = ckpt.meta.identity.clone();
-        self.restore(ckpt, saved, model, optimizer, pipeline)
+        self.restore(ckpt, saved, model, pipeline)
     }
 
     /// Continue from the latest checkpoint on another number of ranks: this rank takes saved
@@ -260,11 +262,10 @@ impl Checkpoints {
         saved_rank: usize,
         spec: &AlgorithmSpec,
         model: M,
-        optimizer: ModuleOptimizer,
         pipeline: &mut Pipeline<M>,
     ) -> Result<Resumed<M>, CheckpointError> {
         let (ckpt, saved) = self.dir.load_rank_resized(saved_rank, spec)?;
-        self.restore(ckpt, saved, model, optimizer, pipeline)
+        self.restore(ckpt, saved, model, pipeline)
     }
 
     /// Continue from a rank file a live rank sent ([`CheckpointDir::latest_rank_bytes`]'s
@@ -280,7 +281,6 @@ impl Checkpoints {
         bytes: &[u8],
         spec: &AlgorithmSpec,
         model: M,
-        optimizer: ModuleOptimizer,
         pipeline: &mut Pipeline<M>,
     ) -> Result<Resumed<M>, CheckpointError> {
         let source = Path::new("(a rank file received from a peer)");
@@ -288,7 +288,7 @@ impl Checkpoints {
         let saved = ckpt.meta.identity.clone();
         let expected = RunIdentity::from_spec(&spec.for_world(saved.world_size), saved.world_size);
         super::check_identity(source, &saved, &expected)?;
-        self.restore(ckpt, saved, model, optimizer, pipeline)
+        self.restore(ckpt, saved, model, pipeline)
     }
 
     fn restore<M: Module>(
@@ -296,9 +296,17 @@ impl Checkpoints {
         ckpt: RankCheckpoint,
         saved: RunIdentity,
         model: M,
-        optimizer: ModuleOptimizer,
         pipeline: &mut Pipeline<M>,
     ) -> Result<Resumed<M>, CheckpointError> {
+        // The pipeline's own optimizer (fresh before the first iteration) takes the record.
+        let optimizer = pipeline.optimizer().cloned().ok_or_else(|| {
+            CheckpointError::Unsupported(
+                "resuming loads the optimizer record into the pipeline's optimizer, and this \
+                 pipeline steps an InnerOptimizer whose state it does not hold: restore that \
+                 optimizer where it lives, and the pipeline with Pipeline::restore"
+                    .into(),
+            )
+        })?;
         let (model, optimizer) = ckpt.restore(model, optimizer)?;
         let done = ckpt.meta.iterations_done;
         pipeline
@@ -315,7 +323,7 @@ impl Checkpoints {
         self.latest.store(done, Ordering::Relaxed);
         Ok(Resumed {
             model,
-            data: ckpt.meta.data.unwrap_or_default(),
+            data: ckpt.meta.data,
             iterations_done: done,
             saved,
         })

@@ -239,6 +239,8 @@ pub struct Pipeline<M> {
     start_pending: bool,
     /// What the start broadcast sent (nothing until it ran).
     start_traffic: Traffic,
+    /// The group's traffic when the pipeline was built.
+    traffic_origin: Traffic,
     times: PhaseTimes,
     checkpointer: Option<Checkpointer<M>>,
     observer: Option<PhaseObserver>,
@@ -274,6 +276,7 @@ impl<M: Module> Pipeline<M> {
 
     fn with_inner(group: Group, inner: Inner<M>, options: PipelineOptions) -> Self {
         let broadcast_start = options.broadcast_start;
+        let traffic_origin = group.traffic();
         Self {
             group,
             inner,
@@ -284,6 +287,7 @@ impl<M: Module> Pipeline<M> {
             skipped_steps: 0,
             start_pending: broadcast_start,
             start_traffic: Traffic::default(),
+            traffic_origin,
             times: PhaseTimes::default(),
             checkpointer: None,
             observer: None,
@@ -356,6 +360,14 @@ impl<M: Module> Pipeline<M> {
     /// Optimizer steps skipped for non-finite gradients.
     pub fn skipped_steps(&self) -> u64 {
         self.skipped_steps
+    }
+
+    /// What this rank has sent since the pipeline was built: every phase of every iteration,
+    /// the start broadcast, and the collectives of the checkpoint phase, on the pipeline's
+    /// group and the groups made from it (the running total that
+    /// [`IterationReport::traffic`] adds up, plus the start broadcast).
+    pub fn traffic(&self) -> Traffic {
+        self.group.traffic() - self.traffic_origin
     }
 
     /// What this rank's start broadcast sent (rank 0's parameters and buffers before the first

@@ -180,13 +180,12 @@ fn attempt(spec: &AlgorithmSpec, run_dir: &Path, how: Attempt) -> Vec<RankEnd> {
             let mut position = DataPosition::default();
             let mut resumed_at = None;
             if how == Attempt::Resumed {
-                // A fresh model (new ParamIds) and a fresh optimizer, as a new process has.
-                let resumed = checkpoints
-                    .resume(rank, model, sgd(), &mut pipeline)
-                    .unwrap();
+                // A fresh model (new ParamIds) and a fresh optimizer (the pipeline's), as a new
+                // process has.
+                let resumed = checkpoints.resume(model, &mut pipeline).unwrap();
                 assert_eq!(pipeline.iteration(), resumed.iterations_done);
                 model = resumed.model;
-                position = resumed.data;
+                position = resumed.data.expect("the source recorded its position");
                 resumed_at = Some(resumed.iterations_done);
             }
             let mut source = Synthetic {
@@ -374,8 +373,7 @@ fn resuming_is_refused_with_typed_errors() {
                 }
                 let checkpoints =
                     Checkpoints::new(dir.path(), RunIdentity::from_spec(spec, world.size()));
-                match checkpoints.resume(world.rank(), TwoLayer::new(&device), sgd(), &mut pipeline)
-                {
+                match checkpoints.resume(TwoLayer::new(&device), &mut pipeline) {
                     Ok(_) => panic!("resumed"),
                     Err(e) => e,
                 }

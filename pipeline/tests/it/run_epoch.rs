@@ -158,3 +158,40 @@ fn the_budget_and_the_observer_stop_the_epoch() {
         assert_eq!(seen, vec![0, 1]);
     }
 }
+
+/// The pipeline's running total is the start broadcast plus every iteration's report; the
+/// start broadcast's data is the model's f32 size (2 parameters: 8 bytes).
+#[test]
+fn the_running_traffic_total_is_the_start_broadcast_and_the_iterations() {
+    let totals = ThreadWorld::new(2)
+        .unwrap()
+        .run(|world| {
+            let spec = AlgorithmSpec::post_local_sgd(2, 2);
+            let mut pipeline = Pipeline::new(
+                world.clone(),
+                SgdConfig::new().init(),
+                PipelineOptions::default(),
+            )
+            .with_parts(build(&spec, &world).unwrap());
+            assert_eq!(pipeline.traffic(), Default::default());
+            let mut source = IterSource(batches(world.rank(), 5).into_iter());
+            let mut model = model();
+            let mut reported = localsgd_comm::Traffic::default();
+            for _ in 0..5 {
+                match pipeline.run_iteration(model, &mut source, &loss).unwrap() {
+                    Outcome::Trained(m, report) => {
+                        model = m;
+                        reported += report.traffic;
+                    }
+                    Outcome::EndOfData(m) => model = m,
+                }
+            }
+            (pipeline.traffic(), pipeline.start_traffic(), reported)
+        })
+        .unwrap();
+    for (total, start, reported) in totals {
+        assert_eq!(start.data_bytes, 8);
+        assert_eq!(total, start + reported);
+        assert!(reported.data_bytes > 0);
+    }
+}
