@@ -153,8 +153,8 @@ pub enum GptError {
 
 impl GptConfig {
     /// The suggested default: context 64, d-model 128, 4 heads, 2 layers, bytes: 470,784
-    /// parameters. One training step of batch 16 (1,024 tokens: forward, backward, AdamW) took
-    /// about 140 ms on one core of a 2-core machine, so a thousand steps train in minutes.
+    /// parameters, small enough that a thousand steps of batch 16 train in minutes on one CPU
+    /// core (book: Training a language model).
     pub fn small() -> Self {
         Self {
             vocab: 256,
@@ -298,6 +298,23 @@ impl Normal {
     }
 }
 
+/// `layer` applied to `[B, T, in]` as one `[B·T, in] × [in, out]` product, PyTorch's `addmm`
+/// form. burn's `Linear` keeps a 3-D input batched where `T` is a multiple of its row tile
+/// (contexts of 64 and 128 are), so the weight broadcasts to `[1, in, out]` and its gradient
+/// becomes `B` small products and a sum over them.
+fn linear(layer: &Linear, x: Tensor<3>) -> Tensor<3> {
+    let [b, t, d] = x.dims();
+    let y = layer.forward(x.reshape([b * t, d]));
+    let [_, out] = y.dims();
+    y.reshape([b, t, out])
+}
+
+/// `[B·T, out]` back to `[B, T, out]`.
+fn linear_2d_to_3d(y: Tensor<2>, b: usize, t: usize) -> Tensor<3> {
+    let [_, out] = y.dims();
+    y.reshape([b, t, out])
+}
+
 /// Causal multi-head self-attention with one fused q, k, v projection.
 #[derive(Module, Debug)]
 pub struct CausalSelfAttention {
@@ -314,7 +331,7 @@ impl CausalSelfAttention {
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
         let [b, t, d] = x.dims();
         let hd = d / self.heads;
-        let qkv = self.c_attn.forward(x);
+        let qkv = linear(&self.c_attn, x);
         let head = |part: usize| {
             qkv.clone()
                 .narrow(2, part * d, d)
@@ -327,7 +344,7 @@ impl CausalSelfAttention {
             is_causal: true,
         };
         let y = attention(head(0), head(1), head(2), None, None, options);
-        self.c_proj.forward(y.swap_dims(1, 2).reshape([b, t, d]))
+        linear(&self.c_proj, y.swap_dims(1, 2).reshape([b, t, d]))
     }
 }
 
@@ -344,7 +361,9 @@ impl GptMlp {
     /// `[B, T, d]` to `[B, T, d]`.
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
         // burn's `gelu` is the erf form, as PyTorch's `nn.GELU()` default.
-        self.c_proj.forward(gelu(self.c_fc.forward(x)))
+        let [b, t, d] = x.dims();
+        let h = self.c_fc.forward(x.reshape([b * t, d]));
+        linear_2d_to_3d(self.c_proj.forward(gelu(h)), b, t)
     }
 }
 
@@ -471,7 +490,7 @@ impl Gpt {
         for block in &self.h {
             x = block.forward(x);
         }
-        self.lm_head.forward(self.ln_f.forward(x))
+        linear(&self.lm_head, self.ln_f.forward(x))
     }
 
     /// Mean cross-entropy in nats over all `B * T` positions of `logits` `[B, T, vocab]`
