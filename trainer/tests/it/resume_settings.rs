@@ -56,6 +56,13 @@ fn start(run: &Path, steps: &str) -> Vec<String> {
     .to_vec()
 }
 
+/// A temporary directory and the run directory inside it.
+fn scratch() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    (dir, run)
+}
+
 fn strs(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
 }
@@ -89,8 +96,7 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
 /// iteration 20.
 #[test]
 fn a_resume_keeps_the_runs_settings_and_equals_the_uninterrupted_run() {
-    let dir = tempfile::tempdir().unwrap();
-    let run = dir.path().join("run");
+    let (dir, run) = scratch();
     ok(&strs(&start(&run, "20")));
     ok(&[
         "train",
@@ -142,8 +148,7 @@ fn a_resume_keeps_the_runs_settings_and_equals_the_uninterrupted_run() {
 /// learning rate's change shows in the metrics from the resumed iteration on.
 #[test]
 fn changed_settings_are_applied_and_recorded_with_their_iteration() {
-    let dir = tempfile::tempdir().unwrap();
-    let run = dir.path().join("run");
+    let (_dir, run) = scratch();
     let run_dir = run.to_str().unwrap();
     ok(&strs(&start(&run, "10")));
     ok(&[
@@ -207,8 +212,7 @@ fn changed_settings_are_applied_and_recorded_with_their_iteration() {
 /// and what to do; the run directory is byte for byte as before.
 #[test]
 fn settings_the_checkpoint_fixes_are_refused_and_nothing_is_written() {
-    let dir = tempfile::tempdir().unwrap();
-    let run = dir.path().join("run");
+    let (_dir, run) = scratch();
     let run_dir = run.to_str().unwrap();
     ok(&strs(&start(&run, "10")));
     let before = files(&run);
@@ -273,8 +277,7 @@ fn settings_the_checkpoint_fixes_are_refused_and_nothing_is_written() {
 /// more; `resume-ranks` may change the number of workers (recorded).
 #[test]
 fn epochs_already_reached_are_refused_and_resume_ranks_changes_workers() {
-    let dir = tempfile::tempdir().unwrap();
-    let run = dir.path().join("run");
+    let (_dir, run) = scratch();
     let run_dir = run.to_str().unwrap();
     ok(&[
         "train",
@@ -336,8 +339,7 @@ fn a_resume_without_the_runs_config_is_refused() {
 /// history is refused.
 #[test]
 fn a_config_file_that_repeats_the_run_and_a_line_below_the_history() {
-    let dir = tempfile::tempdir().unwrap();
-    let run = dir.path().join("run");
+    let (dir, run) = scratch();
     let run_dir = run.to_str().unwrap();
     let base = dir.path().join("base.toml");
     std::fs::write(&base, "epochs = 30\nlr = 0.05\n").unwrap();
@@ -387,8 +389,7 @@ fn a_config_file_that_repeats_the_run_and_a_line_below_the_history() {
 /// checkpoint, and so does its resume) and a value the run did not use (counted as unset).
 #[test]
 fn a_run_directory_of_an_earlier_version_resumes_as_it_went() {
-    let dir = tempfile::tempdir().unwrap();
-    let run = dir.path().join("run");
+    let (_dir, run) = scratch();
     let run_dir = run.to_str().unwrap();
     ok(&[
         "train",
@@ -431,8 +432,7 @@ fn a_run_directory_of_an_earlier_version_resumes_as_it_went() {
 /// survivors' number of workers; the report's start broadcast counts the first world's.
 #[test]
 fn a_run_that_lost_a_rank_resumes_on_the_survivors() {
-    let dir = tempfile::tempdir().unwrap();
-    let run = dir.path().join("run");
+    let (_dir, run) = scratch();
     let run_dir = run.to_str().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_localsgd"))
         .args([
