@@ -5,7 +5,8 @@
 //! averaging, metrics, checkpoint), the [`algorithm`] settings and the hook and averager each
 //! algorithm builds ([`settings`] holds the plain setting types), PyTorch-style learning-rate
 //! schedules ([`lr_schedule`]), and per-rank [`checkpoint`]s of any burn module (collective save
-//! and resume in one call each: [`checkpoint::Checkpoints`]). It depends on burn and the
+//! and resume in one call each: [`checkpoint::Checkpoints`]); and, for the step itself, fused
+//! optimizers ([`optim`]) and an exact GELU vectorized on the CPU ([`gelu`]). It depends on burn and the
 //! workspace's comm, hooks and averagers crates, and on no command-line crate (`clap` only with
 //! the `clap` feature). The `localsgd` application (`localsgd-trainer`: configuration files and
 //! flags, data sets, models, metrics files, plots, launch) is built on it and re-exports these
@@ -33,6 +34,7 @@
 
 pub mod algorithm;
 pub mod checkpoint;
+pub mod gelu;
 pub mod lr_schedule;
 pub mod optim;
 pub mod pipeline;

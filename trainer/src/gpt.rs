@@ -58,7 +58,7 @@ use std::path::Path;
 use burn::module::{Module, Param};
 use burn::nn::loss::CrossEntropyLoss;
 use burn::nn::{Embedding, LayerNorm, LayerNormConfig, Linear};
-use burn::tensor::activation::{gelu, log_softmax};
+use burn::tensor::activation::log_softmax;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Device, Int, Tensor, TensorData};
@@ -360,10 +360,10 @@ pub struct GptMlp {
 impl GptMlp {
     /// `[B, T, d]` to `[B, T, d]`.
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        // burn's `gelu` is the erf form, as PyTorch's `nn.GELU()` default.
+        // The exact (erf) form, as PyTorch's `nn.GELU()` default, vectorized on the CPU.
         let [b, t, d] = x.dims();
         let h = self.c_fc.forward(x.reshape([b * t, d]));
-        linear_2d_to_3d(self.c_proj.forward(gelu(h)), b, t)
+        linear_2d_to_3d(self.c_proj.forward(localsgd_pipeline::gelu::gelu(h)), b, t)
     }
 }
 
