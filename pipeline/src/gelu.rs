@@ -76,12 +76,9 @@ impl GeluBackend for Flex {
         if x.dtype() != DType::F32 {
             return <Flex as ActivationOps<Flex>>::gelu(x);
         }
-        let mut y = contiguous(x);
-        let Some((start, end)) = y.layout().contiguous_offsets() else {
-            return <Flex as ActivationOps<Flex>>::gelu(y);
-        };
+        let (mut y, range) = contiguous(x);
         // Copies the storage first where another tensor shares it (autodiff keeps `x`).
-        kernels::forward(&mut y.storage_mut::<f32>()[start..end]);
+        kernels::forward(&mut y.storage_mut::<f32>()[range]);
         y
     }
 
@@ -92,27 +89,27 @@ impl GeluBackend for Flex {
         {
             return <Flex as ActivationOps<Flex>>::gelu_backward(x, grad);
         }
-        let (x, mut g) = (contiguous(x), contiguous(grad));
-        let (Some((xs, xe)), Some((gs, ge))) = (
-            x.layout().contiguous_offsets(),
-            g.layout().contiguous_offsets(),
-        ) else {
-            return <Flex as ActivationOps<Flex>>::gelu_backward(x, g);
-        };
-        let xs: &[f32] = &x.storage::<f32>()[xs..xe];
-        kernels::backward(xs, &mut g.storage_mut::<f32>()[gs..ge]);
+        let ((x, x_range), (mut g, g_range)) = (contiguous(x), contiguous(grad));
+        kernels::backward(
+            &x.storage::<f32>()[x_range],
+            &mut g.storage_mut::<f32>()[g_range],
+        );
         g
     }
 }
 
 /// `t` itself when its elements lie contiguously in its storage (at any offset), else a
-/// contiguous copy.
-fn contiguous(t: FlexTensor) -> FlexTensor {
-    if t.layout().contiguous_offsets().is_some() {
-        t
-    } else {
-        t.to_contiguous()
-    }
+/// contiguous copy (which starts at offset 0); with the range of storage elements it covers.
+fn contiguous(t: FlexTensor) -> (FlexTensor, std::ops::Range<usize>) {
+    let t = match t.layout().contiguous_offsets() {
+        Some(_) => t,
+        None => t.to_contiguous(),
+    };
+    let range = match t.layout().contiguous_offsets() {
+        Some((start, end)) => start..end,
+        None => 0..t.layout().num_elements(),
+    };
+    (t, range)
 }
 
 /// Autodiff: the forward pass keeps `x`; the backward pass is
