@@ -14,7 +14,9 @@
 //! streaming-diloco|slowmo` (post-local-sgd; hierarchical averages pairs every period and all
 //! ranks every two, streaming-diloco syncs 2 fragments), `--warmup N` (100 optimizer steps),
 //! `--period N` (4; DiLoCo's H), `--items N` (train on the first N images; default
-//! all 60,000), `--out DIR` (runs/fashion-mnist-learner).
+//! all 60,000), `--out DIR` (runs/fashion-mnist-learner), `--device cpu|libtorch|libtorch-cuda`
+//! (cpu: burn's own backend; the LibTorch ones need the feature `libtorch` and PyTorch
+//! installed, book: Performance).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -36,6 +38,8 @@ use localsgd_learner::{
 };
 use localsgd_pipeline::optim::FusedSgdConfig;
 use localsgd_trainer::cnn::{Cnn, CnnConfig};
+use localsgd_trainer::config::DeviceKind;
+use localsgd_trainer::run;
 
 #[derive(Clone, Debug)]
 struct Image {
@@ -107,6 +111,7 @@ struct Args {
     period: u64,
     items: Option<usize>,
     out: PathBuf,
+    device: DeviceKind,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -119,6 +124,7 @@ fn parse_args() -> Result<Args, String> {
         period: 4,
         items: None,
         out: PathBuf::from("runs/fashion-mnist-learner"),
+        device: DeviceKind::Cpu,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -135,6 +141,14 @@ fn parse_args() -> Result<Args, String> {
             "--period" => args.period = number(&value)?,
             "--items" => args.items = Some(number(&value)? as usize),
             "--out" => args.out = PathBuf::from(value),
+            "--device" => {
+                args.device = DeviceKind::from_name(&value).ok_or_else(|| {
+                    format!(
+                        "--device {value:?}: expected cpu, or libtorch / libtorch-cuda (feature \
+                         `libtorch`)"
+                    )
+                })?;
+            }
             "--algorithm" => {
                 args.algorithm = AlgorithmKind::from_name(&value).map_err(|e| e.to_string())?;
             }
@@ -194,7 +208,8 @@ fn run() -> Result<(), String> {
         args.workers,
     ))
     .with_workers(args.workers);
-    let device = Device::flex().autodiff();
+    // Every rank on this one device (LibTorch's threads shared out among the ranks).
+    let device = run::device_on_host(args.device, 0, args.workers).map_err(|e| e.to_string())?;
     let strategy = Arc::new(
         LocalSgdStrategy::new(config, device.clone())
             .map_err(|e| e.to_string())?

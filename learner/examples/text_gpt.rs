@@ -10,7 +10,9 @@
 //! Flags: `--text FILE` (default `data/text/localsgd-docs.txt`), `--epochs N` (1), `--workers W`
 //! (2), `--algorithm ddp|local-sgd|post-local-sgd|hierarchical|diloco|streaming-diloco|slowmo`
 //! (diloco), `--warmup N` (20 optimizer steps), `--period N` (DiLoCo's H; default the
-//! algorithm's own: 50 for DiLoCo), `--context N` (64), `--out DIR` (runs/text-gpt-learner). The loss
+//! algorithm's own: 50 for DiLoCo), `--context N` (64), `--out DIR` (runs/text-gpt-learner), `--device
+//! cpu|libtorch|libtorch-cuda` (cpu: burn's own backend; the LibTorch ones need the feature
+//! `libtorch` and PyTorch installed, book: Performance). The loss
 //! and accuracy burn-train reports are per predicted byte: loss in nats per byte, accuracy the
 //! share of next bytes predicted right.
 
@@ -32,8 +34,10 @@ use localsgd_learner::{
     AlgorithmKind, AlgorithmSpec, ConsoleRenderer, LocalSgdStrategy, StrategyConfig,
 };
 use localsgd_pipeline::optim::FusedAdamConfig;
+use localsgd_trainer::config::DeviceKind;
 use localsgd_trainer::data::text;
 use localsgd_trainer::gpt::{Gpt, GptConfig};
+use localsgd_trainer::run;
 
 /// One window of `context + 1` bytes (inputs and the next byte of each).
 #[derive(Clone, Debug)]
@@ -97,6 +101,7 @@ struct Args {
     period: Option<u64>,
     context: usize,
     out: PathBuf,
+    device: DeviceKind,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -109,6 +114,7 @@ fn parse_args() -> Result<Args, String> {
         period: None,
         context: 64,
         out: PathBuf::from("runs/text-gpt-learner"),
+        device: DeviceKind::Cpu,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -125,6 +131,14 @@ fn parse_args() -> Result<Args, String> {
             "--period" => args.period = Some(number(&value)?),
             "--context" => args.context = number(&value)? as usize,
             "--out" => args.out = PathBuf::from(value),
+            "--device" => {
+                args.device = DeviceKind::from_name(&value).ok_or_else(|| {
+                    format!(
+                        "--device {value:?}: expected cpu, or libtorch / libtorch-cuda (feature \
+                         `libtorch`)"
+                    )
+                })?;
+            }
             "--algorithm" => {
                 args.algorithm = AlgorithmKind::from_name(&value).map_err(|e| e.to_string())?;
             }
@@ -167,7 +181,8 @@ fn run() -> Result<(), String> {
         args.workers,
     ))
     .with_workers(args.workers);
-    let device = Device::flex().autodiff();
+    // Every rank on this one device (LibTorch's threads shared out among the ranks).
+    let device = run::device_on_host(args.device, 0, args.workers).map_err(|e| e.to_string())?;
     let strategy = Arc::new(
         LocalSgdStrategy::new(config, device.clone())
             .map_err(|e| e.to_string())?

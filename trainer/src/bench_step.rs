@@ -10,7 +10,6 @@ use anyhow::{Context, Result};
 use burn::optim::decay::WeightDecayConfig;
 use burn::optim::momentum::MomentumConfig;
 use burn::optim::{AdamConfig, AdamWConfig, ModuleOptimizer, SgdConfig};
-use burn::tensor::Device;
 use localsgd_comm::Group;
 use localsgd_planner::measure::{StepSettings, StepTiming, measure_step};
 use localsgd_trainer::config::ConfigFlags;
@@ -134,7 +133,11 @@ fn measure(
         localsgd_trainer::denormals::flush_on_compute_threads()?;
     }
     let data = run::load_data(cfg).context("loading the data set")?;
-    let device = Device::flex().autodiff();
+    // The configured device (`device`): with `peers`, this rank's place on its host.
+    let device = match peers {
+        Some(group) => run::compute_device(cfg.device, group)?,
+        None => run::device_on_host(cfg.device, 0, 1)?,
+    };
     let mcfg = run::model_config(cfg, &data.train)?;
     let model = match &cfg.init_weights {
         Some(path) => load_pytorch_safetensors(path, &mcfg, &device)?,
@@ -240,8 +243,10 @@ fn report(flags: &BenchStepFlags, cfg: &TrainConfig, m: &Measured) -> Result<()>
     };
     let optimizer = format!("{optimizer_name} ({optimizer_impl})");
     println!(
-        "bare burn step: {params} parameters, batch {}: median {median:.3} ms, mean {mean:.3} ms over {} iterations{runs}{gap}{among}, optimizer {optimizer}; gradient flatten + one-rank mean + write-back {copy_ms:.3} ms ({copy_gbps:.2} GB/s of gradients, `plan --copy-gbps`)",
-        cfg.batch_size, flags.iters
+        "bare burn step: {params} parameters, batch {}: median {median:.3} ms, mean {mean:.3} ms over {} iterations{runs}{gap}{among}, optimizer {optimizer}, device {}; gradient flatten + one-rank mean + write-back {copy_ms:.3} ms ({copy_gbps:.2} GB/s of gradients, `plan --copy-gbps`)",
+        cfg.batch_size,
+        flags.iters,
+        cfg.device.name()
     );
     if let Some(path) = &flags.json {
         let out = serde_json::json!({
@@ -259,7 +264,9 @@ fn report(flags: &BenchStepFlags, cfg: &TrainConfig, m: &Measured) -> Result<()>
             "copy_ms": copy_ms,
             "copy_gbps": copy_gbps,
             "ranks": ranks,
+            "device": cfg.device.name(),
             "rayon_num_threads": std::env::var("RAYON_NUM_THREADS").ok(),
+            "omp_num_threads": std::env::var("OMP_NUM_THREADS").ok(),
             "last_loss": last_loss,
         });
         localsgd_trainer::atomic::write_atomic(path, format!("{out:#}\n"))

@@ -47,6 +47,43 @@ pub enum DeviceKind {
     /// burn's CUDA backend, one GPU per rank (the rank's index among the ranks on its host).
     /// Needs a binary built with the trainer feature `cuda`.
     Cuda,
+    /// burn's LibTorch backend on the CPU: PyTorch's own kernels, its intra-op threads shared
+    /// out among the ranks on the host (unless `OMP_NUM_THREADS` says otherwise). Needs a binary
+    /// built with the trainer feature `libtorch`.
+    Libtorch,
+    /// burn's LibTorch backend on CUDA, one GPU per rank (as `cuda`). Needs a binary built with
+    /// the trainer feature `libtorch` against a CUDA build of PyTorch.
+    LibtorchCuda,
+}
+
+impl DeviceKind {
+    /// Every kind, in the order the documentation lists them.
+    pub const ALL: [DeviceKind; 4] = [
+        DeviceKind::Cpu,
+        DeviceKind::Cuda,
+        DeviceKind::Libtorch,
+        DeviceKind::LibtorchCuda,
+    ];
+
+    /// The kind a config file or a flag names, if any.
+    pub fn from_name(name: &str) -> Option<DeviceKind> {
+        Self::ALL.into_iter().find(|kind| kind.name() == name)
+    }
+
+    /// The value as written in a config file or a flag.
+    pub fn name(self) -> &'static str {
+        match self {
+            DeviceKind::Cpu => "cpu",
+            DeviceKind::Cuda => "cuda",
+            DeviceKind::Libtorch => "libtorch",
+            DeviceKind::LibtorchCuda => "libtorch-cuda",
+        }
+    }
+
+    /// Whether the tensors live in GPU memory.
+    pub fn is_gpu(self) -> bool {
+        matches!(self, DeviceKind::Cuda | DeviceKind::LibtorchCuda)
+    }
 }
 
 /// How `diloco`/`slowmo` reduce the pseudo-gradient over the ranks (equal in exact arithmetic,
@@ -359,8 +396,11 @@ settings! {
         backend: Backend = Backend::Threads,
         /// Where each rank computes forward/backward and the optimizer step.
         ///
-        /// CI does not build the trainer feature `cuda` that `cuda` needs (book: GPUs).
-        #[setting(type = "`cpu` | `cuda`")]
+        /// `cpu` is burn's own CPU backend; `libtorch` and `libtorch-cuda` run PyTorch's kernels
+        /// through burn's LibTorch backend, in a binary built with the trainer feature `libtorch`
+        /// (book: Performance, "The LibTorch backend"). CI does not build the trainer feature
+        /// `cuda` that `cuda` needs (book: GPUs).
+        #[setting(type = "`cpu` | `cuda` | `libtorch` | `libtorch-cuda`")]
         #[arg(value_enum)]
         device: DeviceKind = DeviceKind::Cpu,
         /// Seconds a collective waits for its peers before failing with an error that names the
@@ -1078,11 +1118,30 @@ impl TrainConfig {
                 ));
             }
         }
+        if self.flush_denormals && self.device != DeviceKind::Cpu {
+            return Err(bad(
+                "flush-denormals",
+                true,
+                format!(
+                    "`false` with device `{}`: it sets the flush mode of burn's own CPU compute threads, which only `cpu` computes on",
+                    self.device.name()
+                ),
+            ));
+        }
         if self.device == DeviceKind::Cuda && !cfg!(feature = "cuda") {
             return Err(bad(
                 "device",
                 "cuda",
                 "`cpu`: this binary was built without CUDA support; rebuild with `cargo build -p localsgd-trainer --features cuda` on a machine with the CUDA toolkit",
+            ));
+        }
+        if matches!(self.device, DeviceKind::Libtorch | DeviceKind::LibtorchCuda)
+            && !cfg!(feature = "libtorch")
+        {
+            return Err(bad(
+                "device",
+                self.device.name(),
+                "`cpu`: this binary was built without LibTorch; rebuild with `LIBTORCH_USE_PYTORCH=1 cargo build -p localsgd-trainer --features libtorch` where `pip install torch==2.9.0` has put PyTorch (tch 0.22 takes exactly 2.9.0; book: Performance)",
             ));
         }
         if self.flush_denormals

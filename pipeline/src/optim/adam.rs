@@ -1,11 +1,12 @@
 //! `torch.optim.Adam` and `torch.optim.AdamW` as one fused burn optimizer.
 
 use burn::optim::{LearningRate, ModuleOptimizer, Optimizer};
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::{Device, Tensor};
 
+use super::buffer::Buffer;
 use super::kernel::{self, AdamScalars};
 use super::state::AdamState;
-use super::{OptimError, check_range, host, to_tensor};
+use super::{OptimError, check_range, host};
 
 /// `torch.optim.Adam`'s and `torch.optim.AdamW`'s settings: [`adam`](Self::adam) and
 /// [`adamw`](Self::adamw) give PyTorch's defaults (betas 0.9 / 0.999, eps 1e-8; weight decay 0
@@ -136,24 +137,14 @@ impl Optimizer for FusedAdam {
         if !on_host {
             return self.step_tensors(s, time, tensor, grad, state);
         }
-        let device = tensor.device();
-        let shape = tensor.shape();
-        let mut p = tensor.into_data();
-        let g = grad.into_data();
+        let mut p = Buffer::take(tensor);
+        let g = Buffer::take(grad);
         let (mut m, mut v) = match state {
-            Some(s) => (s.moment_1.into_data(), s.moment_2.into_data()),
-            None => (
-                TensorData::zeros::<f32, _>(shape.clone()),
-                TensorData::zeros::<f32, _>(shape),
-            ),
+            Some(s) => (Buffer::take(s.moment_1), Buffer::take(s.moment_2)),
+            None => (p.zeros_like(), p.zeros_like()),
         };
-        let stepped = match (
-            p.as_mut_slice::<f32>(),
-            g.as_slice::<f32>(),
-            m.as_mut_slice::<f32>(),
-            v.as_mut_slice::<f32>(),
-        ) {
-            (Ok(pv), Ok(gv), Ok(mv), Ok(vv)) => {
+        let stepped = match (p.values_mut(), g.values(), m.values_mut(), v.values_mut()) {
+            (Some(pv), Some(gv), Some(mv), Some(vv)) => {
                 kernel::adam(pv, gv, mv, vv, s);
                 true
             }
@@ -164,17 +155,17 @@ impl Optimizer for FusedAdam {
             // arithmetic instead.
             let state = (time > 1).then(|| AdamState {
                 time: time - 1,
-                moment_1: to_tensor(m, &device),
-                moment_2: to_tensor(v, &device),
+                moment_1: m.into_tensor(),
+                moment_2: v.into_tensor(),
             });
-            return self.step_tensors(s, time, to_tensor(p, &device), to_tensor(g, &device), state);
+            return self.step_tensors(s, time, p.into_tensor(), g.into_tensor(), state);
         }
         let state = AdamState {
             time,
-            moment_1: to_tensor(m, &device),
-            moment_2: to_tensor(v, &device),
+            moment_1: m.into_tensor(),
+            moment_2: v.into_tensor(),
         };
-        (to_tensor(p, &device), Some(state))
+        (p.into_tensor(), Some(state))
     }
 
     fn to_device<const D: usize>(state: Self::State<D>, device: &Device) -> Self::State<D> {

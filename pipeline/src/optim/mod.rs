@@ -24,8 +24,9 @@
 //! so a record saved from burn's optimizer resumes in the fused one and back, and the
 //! pipeline's checkpoints keep their format.
 //!
-//! **Devices.** The fused pass runs on f32 parameters of the CPU backend; elsewhere (a GPU
-//! device, f64 parameters) the same formulas run as burn tensor operations.
+//! **Devices.** The fused pass runs on f32 parameters of burn's CPU backend and, with the feature
+//! `libtorch`, of LibTorch's CPU device (in the tensor's own storage); elsewhere (a GPU device,
+//! f64 parameters) the same formulas run as burn tensor operations.
 //!
 //! ```
 //! use burn::module::Module;
@@ -48,6 +49,7 @@
 //! ```
 
 mod adam;
+mod buffer;
 mod kernel;
 mod sgd;
 mod state;
@@ -58,7 +60,7 @@ pub use adam::{FusedAdam, FusedAdamConfig};
 pub use sgd::{FusedSgd, FusedSgdConfig};
 pub use state::{AdamState, SgdState};
 
-use burn::tensor::{DType, Device, Tensor, TensorData};
+use burn::tensor::{DType, Device, Tensor};
 
 /// An optimizer setting outside what PyTorch accepts.
 #[derive(Debug, thiserror::Error)]
@@ -81,12 +83,19 @@ fn check_range(name: &str, value: f64, low: f64, high: f64, valid: &str) -> Resu
     }
 }
 
-/// Whether the fused pass can step this tensor: f32 on the CPU backend.
+/// Whether the fused pass can step this tensor: f32 on burn's CPU backend, or (feature
+/// `libtorch`) on LibTorch's CPU device, whose storage the pass updates in place.
+// burn marks its LibTorch backend deprecated (for its CubeCL ones); `device = "libtorch"` uses it
+// on purpose.
+#[allow(deprecated)]
 fn host<const D: usize>(t: &Tensor<D>) -> bool {
-    t.dtype() == DType::F32 && t.device() == Device::flex()
-}
-
-/// Hand a buffer back to burn as a tensor (no copy).
-fn to_tensor<const D: usize>(data: TensorData, device: &Device) -> Tensor<D> {
-    Tensor::from_data(data, device)
+    if t.dtype() != DType::F32 {
+        return false;
+    }
+    let device = t.device();
+    #[cfg(feature = "libtorch")]
+    if device == Device::libtorch() {
+        return true;
+    }
+    device == Device::flex()
 }

@@ -3,9 +3,10 @@
 use burn::optim::{LearningRate, ModuleOptimizer, Optimizer};
 use burn::tensor::{Device, Tensor};
 
+use super::buffer::Buffer;
 use super::kernel::{self, SgdScalars};
 use super::state::SgdState;
-use super::{OptimError, check_range, host, to_tensor};
+use super::{OptimError, check_range, host};
 
 /// `torch.optim.SGD`'s settings, with its defaults: no momentum, no dampening, no Nesterov, no
 /// weight decay. The learning rate comes with each step (the pipeline's, or its schedule's).
@@ -110,21 +111,20 @@ impl Optimizer for FusedSgd {
         let with_momentum = self.config.momentum != 0.0;
         let previous = state.and_then(|s| s.velocity).filter(|_| with_momentum);
         if host(&tensor) && host(&grad) && previous.as_ref().is_none_or(host) {
-            let device = tensor.device();
-            let mut p = tensor.into_data();
-            let g = grad.into_data();
+            let mut p = Buffer::take(tensor);
+            let g = Buffer::take(grad);
             let first = previous.is_none();
             let mut v = match previous {
-                Some(v) => Some(v.into_data()),
-                None if with_momentum => Some(g.clone()),
+                Some(v) => Some(Buffer::take(v)),
+                None if with_momentum => Some(g.copy()),
                 None => None,
             };
             let stepped = match (
-                p.as_mut_slice::<f32>(),
-                g.as_slice::<f32>(),
-                v.as_mut().map(|v| v.as_mut_slice::<f32>()).transpose(),
+                p.values_mut(),
+                g.values(),
+                v.as_mut().map(|v| v.values_mut().ok_or(())).transpose(),
             ) {
-                (Ok(pv), Ok(gv), Ok(vv)) => {
+                (Some(pv), Some(gv), Ok(vv)) => {
                     kernel::sgd(pv, gv, vv, first, s);
                     true
                 }
@@ -133,16 +133,11 @@ impl Optimizer for FusedSgd {
             if !stepped {
                 // Bytes that do not read as f32 slices (never from burn's CPU backend): the
                 // tensor arithmetic instead.
-                let previous = v.filter(|_| !first).map(|v| to_tensor(v, &device));
-                return self.step_tensors(
-                    s,
-                    to_tensor(p, &device),
-                    to_tensor(g, &device),
-                    previous,
-                );
+                let previous = v.filter(|_| !first).map(Buffer::into_tensor);
+                return self.step_tensors(s, p.into_tensor(), g.into_tensor(), previous);
             }
-            let velocity = v.map(|v| to_tensor(v, &device));
-            return (to_tensor(p, &device), Some(SgdState { velocity }));
+            let velocity = v.map(Buffer::into_tensor);
+            return (p.into_tensor(), Some(SgdState { velocity }));
         }
         self.step_tensors(s, tensor, grad, previous)
     }

@@ -3,6 +3,7 @@
 
 use super::*;
 use burn::optim::Optimizer;
+use burn::tensor::TensorData;
 
 fn tensor(values: Vec<f32>) -> Tensor<1> {
     let n = values.len();

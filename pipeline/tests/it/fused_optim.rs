@@ -1,5 +1,7 @@
 //! The fused optimizers against real PyTorch (`scripts/optimizer_reference.py`, vectors in
-//! `tests/data/optimizer_reference.json`), their records against burn's, and their resume.
+//! `tests/data/optimizer_reference.json`), on burn's CPU backend and (feature `libtorch`) on
+//! LibTorch's CPU device, where they step the tensors' storage in place; their records against
+//! burn's, and their resume.
 
 use burn::nn::{Linear, LinearConfig};
 use burn::optim::momentum::MomentumConfig;
@@ -20,8 +22,8 @@ fn floats(bits: &Value) -> Vec<f32> {
         .collect()
 }
 
-fn tensor<const D: usize>(values: Vec<f32>, shape: [usize; D]) -> Tensor<D> {
-    Tensor::from_data(TensorData::new(values, shape), &Device::flex())
+fn tensor<const D: usize>(values: Vec<f32>, shape: [usize; D], device: &Device) -> Tensor<D> {
+    Tensor::from_data(TensorData::new(values, shape), device)
 }
 
 fn values<const D: usize>(t: &Tensor<D>) -> Vec<f32> {
@@ -184,6 +186,19 @@ fn check_state<const D: usize>(
 
 #[test]
 fn fused_optimizers_match_pytorch() {
+    check_against_pytorch(&Device::flex());
+}
+
+#[cfg(feature = "libtorch")]
+#[test]
+#[allow(deprecated)] // burn's LibTorch backend, used on purpose.
+fn fused_optimizers_match_pytorch_on_libtorch() {
+    check_against_pytorch(&Device::libtorch());
+}
+
+/// Every case of the reference on `device`: SGD bit for bit, Adam and AdamW within
+/// `ADAM_ULPS` (PyTorch's vectorized `sqrt`).
+fn check_against_pytorch(device: &Device) {
     let reference: Value = serde_json::from_str(REFERENCE).expect("reference JSON");
     let lrs: Vec<f64> = reference["lrs"]
         .as_array()
@@ -202,26 +217,38 @@ fn fused_optimizers_match_pytorch() {
         let tol = if kind == "sgd" { 0 } else { ADAM_ULPS };
         let per_step = if kind == "sgd" { 0.0 } else { ADAM_ABS };
         let mut params = [
-            Param::One(tensor(floats(&initial[0]), [37]), None, None),
-            Param::Two(tensor(floats(&initial[1]), [3, 45]), None, None),
+            Param::One(tensor(floats(&initial[0]), [37], device), None, None),
+            Param::Two(tensor(floats(&initial[1]), [3, 45], device), None, None),
         ];
         for (step, want) in case["steps"].as_array().expect("steps").iter().enumerate() {
             let abs = per_step * (step + 1) as f32;
             for (i, param) in params.iter_mut().enumerate() {
                 let g = floats(&grads[step][i]);
                 let what = format!("{name} step {} param {i}", step + 1);
-                let placeholder = Param::One(tensor(vec![], [0]), None, None);
+                let placeholder = Param::One(tensor(vec![], [0], device), None, None);
                 *param = match std::mem::replace(param, placeholder) {
                     Param::One(p, sgd, adam) => {
-                        let (p, sgd, adam) =
-                            step_param(&optimizer, lrs[step], p, tensor(g, [37]), sgd, adam);
+                        let (p, sgd, adam) = step_param(
+                            &optimizer,
+                            lrs[step],
+                            p,
+                            tensor(g, [37], device),
+                            sgd,
+                            adam,
+                        );
                         assert_near(&what, &values(&p), &floats(&want["params"][i]), tol, abs);
                         check_state(&what, &want["state"][i], &sgd, &adam);
                         Param::One(p, sgd, adam)
                     }
                     Param::Two(p, sgd, adam) => {
-                        let (p, sgd, adam) =
-                            step_param(&optimizer, lrs[step], p, tensor(g, [3, 45]), sgd, adam);
+                        let (p, sgd, adam) = step_param(
+                            &optimizer,
+                            lrs[step],
+                            p,
+                            tensor(g, [3, 45], device),
+                            sgd,
+                            adam,
+                        );
                         assert_near(&what, &values(&p), &floats(&want["params"][i]), tol, abs);
                         check_state(&what, &want["state"][i], &sgd, &adam);
                         Param::Two(p, sgd, adam)

@@ -18,6 +18,7 @@ mod evaluation;
 mod export;
 mod fault_soak;
 mod init_weights;
+mod libtorch;
 mod lr_schedule;
 mod model_gpt;
 mod model_mlp;

@@ -11,7 +11,9 @@
 //! through DiLoCo's switch with AdamW as the inner optimizer. The numbers come
 //! from `scripts/pytorch_reference.py`
 //! (PyTorch 2.15, CPU, gloo; its rank 1 starts from other weights, which DDP's construction-time
-//! broadcast replaces), committed in `tests/data/pytorch_reference.json`.
+//! broadcast replaces), committed in `tests/data/pytorch_reference.json`. Every case runs on
+//! burn's own CPU backend (`device = "cpu"`) and, with the trainer feature `libtorch`, again on
+//! burn's LibTorch backend (`device = "libtorch"`) within the same tolerances.
 
 use std::path::Path;
 use std::process::Command;
@@ -47,6 +49,17 @@ fn tensors(path: &Path) -> std::collections::BTreeMap<String, Vec<f32>> {
 
 #[test]
 fn losses_match_pytorch_for_schedules_weight_decay_clipping_adamw_accumulation_and_batch_norm() {
+    check_every_case("cpu");
+}
+
+#[cfg(feature = "libtorch")]
+#[test]
+fn losses_match_pytorch_on_libtorch() {
+    check_every_case("libtorch");
+}
+
+/// Every case of `pytorch_reference.json` on `device`, against PyTorch's numbers.
+fn check_every_case(device: &str) {
     let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
     let reference: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(data.join("pytorch_reference.json")).unwrap(),
@@ -84,6 +97,8 @@ fn losses_match_pytorch_for_schedules_weight_decay_clipping_adamw_accumulation_a
             "0",
             "--steps",
             &steps,
+            "--device",
+            device,
         ]
         .iter()
         .map(|s| s.to_string())
@@ -132,12 +147,12 @@ fn losses_match_pytorch_for_schedules_weight_decay_clipping_adamw_accumulation_a
             .zip(&theirs)
             .map(|(a, b)| (a - b).abs() / b.abs())
             .fold(0.0, f64::max);
-        eprintln!("{name}: losses within {worst:.1e} (relative) of PyTorch's");
+        eprintln!("{name} on {device}: losses within {worst:.1e} (relative) of PyTorch's");
         for (i, (a, b)) in ours.iter().zip(&theirs).enumerate() {
             let rel = (a - b).abs() / b.abs();
             assert!(
                 rel <= tolerance,
-                "{name}, iteration {i}: ours {a}, PyTorch {b} (relative difference {rel:.2e})"
+                "{name} on {device}, iteration {i}: ours {a}, PyTorch {b} (relative difference {rel:.2e})"
             );
         }
         if let Some(file) = final_state {
@@ -157,7 +172,7 @@ fn losses_match_pytorch_for_schedules_weight_decay_clipping_adamw_accumulation_a
                     let (a, b) = (*a as f64, *b as f64);
                     assert!(
                         (a - b).abs() <= FINAL_TOLERANCE * b.abs().max(1.0),
-                        "{name}: final {n}[{i}]: ours {a}, PyTorch {b}"
+                        "{name} on {device}: final {n}[{i}]: ours {a}, PyTorch {b}"
                     );
                 }
             }

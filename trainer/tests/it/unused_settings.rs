@@ -179,7 +179,30 @@ fn settings_the_run_would_not_use_are_refused() {
                 "with one worker",
             ],
         ),
+        // burn's flush mode reaches only its own CPU threads.
+        (
+            vec!["--device", "cuda", "--flush-denormals", "true"],
+            &[
+                "invalid setting `flush-denormals` = true",
+                "`false` with device `cuda`",
+                "only `cpu` computes on",
+            ],
+        ),
     ];
+    // A LibTorch device in a binary built without it names the feature and how to build it.
+    #[cfg(not(feature = "libtorch"))]
+    let cases = [
+        cases,
+        vec![(
+            vec!["--device", "libtorch"],
+            &[
+                "invalid setting `device` = libtorch",
+                "built without LibTorch",
+                "--features libtorch",
+            ][..],
+        )],
+    ]
+    .concat();
     for (extra, expected) in cases {
         let mut args = vec!["train", "--progress", "false", "--run-dir", r];
         args.extend(extra);
