@@ -141,14 +141,7 @@ fn parse_args() -> Result<Args, String> {
             "--period" => args.period = number(&value)?,
             "--items" => args.items = Some(number(&value)? as usize),
             "--out" => args.out = PathBuf::from(value),
-            "--device" => {
-                args.device = DeviceKind::from_name(&value).ok_or_else(|| {
-                    format!(
-                        "--device {value:?}: expected cpu, or libtorch / libtorch-cuda (feature \
-                         `libtorch`)"
-                    )
-                })?;
-            }
+            "--device" => args.device = DeviceKind::from_name(&value)?,
             "--algorithm" => {
                 args.algorithm = AlgorithmKind::from_name(&value).map_err(|e| e.to_string())?;
             }

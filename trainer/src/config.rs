@@ -65,9 +65,15 @@ impl DeviceKind {
         DeviceKind::LibtorchCuda,
     ];
 
-    /// The kind a config file or a flag names, if any.
-    pub fn from_name(name: &str) -> Option<DeviceKind> {
-        Self::ALL.into_iter().find(|kind| kind.name() == name)
+    /// The kind a config file or a flag names; otherwise a message naming the valid ones.
+    pub fn from_name(name: &str) -> Result<DeviceKind, String> {
+        Self::ALL
+            .into_iter()
+            .find(|kind| kind.name() == name)
+            .ok_or_else(|| {
+                let valid: Vec<&str> = Self::ALL.iter().map(|kind| kind.name()).collect();
+                format!("unknown device {name:?}; valid: {}", valid.join(", "))
+            })
     }
 
     /// The value as written in a config file or a flag.
