@@ -34,6 +34,7 @@
 
 pub mod algorithm;
 pub mod checkpoint;
+pub mod fused;
 pub mod gelu;
 pub mod lr_schedule;
 pub mod optim;

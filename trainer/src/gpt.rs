@@ -56,12 +56,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use burn::module::{Module, Param};
-use burn::nn::loss::CrossEntropyLoss;
 use burn::nn::{Embedding, LayerNorm, LayerNormConfig, Linear};
 use burn::tensor::activation::log_softmax;
-use burn::tensor::module::attention;
-use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Device, Int, Tensor, TensorData};
+use localsgd_pipeline::fused;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
@@ -298,6 +296,12 @@ impl Normal {
     }
 }
 
+/// `ln` applied to `x` as one fused operation each way (burn's `LayerNorm::forward`, with the
+/// model's epsilon).
+fn norm<const D: usize>(ln: &LayerNorm, x: Tensor<D>) -> Tensor<D> {
+    fused::layer_norm(x, ln.gamma.val(), ln.beta.as_ref().map(|b| b.val()), LN_EPS)
+}
+
 /// `layer` applied to `[B, T, in]` as one `[B·T, in] × [in, out]` product, PyTorch's `addmm`
 /// form. burn's `Linear` keeps a 3-D input batched where `T` is a multiple of its row tile
 /// (contexts of 64 and 128 are), so the weight broadcasts to `[1, in, out]` and its gradient
@@ -338,12 +342,10 @@ impl CausalSelfAttention {
                 .reshape([b, t, self.heads, hd])
                 .swap_dims(1, 2)
         };
-        let options = AttentionModuleOptions {
-            scale: None,
-            softcap: None,
-            is_causal: true,
-        };
-        let y = attention(head(0), head(1), head(2), None, None, options);
+        // softmax(q kᵀ / √hd) with the future masked, as one fused operation each way.
+        let scores = head(0).matmul(head(1).swap_dims(2, 3));
+        let p = fused::causal_softmax(scores, 1.0 / (hd as f64).sqrt());
+        let y = p.matmul(head(2));
         linear(&self.c_proj, y.swap_dims(1, 2).reshape([b, t, d]))
     }
 }
@@ -383,8 +385,8 @@ pub struct Block {
 impl Block {
     /// `x + attn(ln_1(x))`, then `x + mlp(ln_2(x))`.
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        let x = x.clone() + self.attn.forward(self.ln_1.forward(x));
-        x.clone() + self.mlp.forward(self.ln_2.forward(x))
+        let x = x.clone() + self.attn.forward(norm(&self.ln_1, x));
+        x.clone() + self.mlp.forward(norm(&self.ln_2, x))
     }
 }
 
@@ -490,16 +492,14 @@ impl Gpt {
         for block in &self.h {
             x = block.forward(x);
         }
-        linear(&self.lm_head, self.ln_f.forward(x))
+        linear(&self.lm_head, norm(&self.ln_f, x))
     }
 
     /// Mean cross-entropy in nats over all `B * T` positions of `logits` `[B, T, vocab]`
     /// against `targets` `[B, T]` (PyTorch's `F.cross_entropy` on the flattened positions).
     pub fn loss(logits: Tensor<3>, targets: Tensor<2, Int>) -> Tensor<1> {
         let [b, t, v] = logits.dims();
-        let device = logits.device();
-        CrossEntropyLoss::new(None, &device)
-            .forward(logits.reshape([b * t, v]), targets.reshape([b * t]))
+        fused::cross_entropy(logits.reshape([b * t, v]), targets.reshape([b * t]))
     }
 
     /// The logits for windows `[B, W]` of f32 token values (`W` = 2 to `context + 1`; the binary

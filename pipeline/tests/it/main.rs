@@ -3,5 +3,6 @@
 
 mod checkpoint_resume;
 mod checkpoint_retention;
+mod fused;
 mod fused_optim;
 mod run_epoch;
