@@ -25,7 +25,7 @@ Modes:
 
 Language model (--model gpt, scripts/gpt_twin.py's twin; --text-file, --context, --d-model,
 --heads, --layers as `localsgd train`): windows of context + 1 bytes at stride context of the
-text's first 90% (train) and last 10% (validation), as trainer/src/data/text.rs cuts them; the
+text's first 90% (train) and last 10% (validation), as models/src/data/text.rs cuts them; the
 same DistributedSampler sharding as the MLP (shuffle=True: torch.randperm's permutation, where
 `localsgd train` draws its own from the seed); loss = mean cross-entropy over every position of
 every window; torch.optim.AdamW(lr=--lr, weight_decay=--weight-decay, PyTorch's betas and eps);
@@ -51,7 +51,7 @@ Data (--dataset):
   digits (default)  --data (data/digits.csv.gz): features pixel/16.0 as f32, train rows
                     [0, 1437), test rows [1437, 1797) in file order; 64 inputs, 10 classes.
   idx               --data-dir DIR with MNIST-format IDX files (Fashion-MNIST, ...), as
-                    localsgd's `--dataset idx --data-dir DIR` (trainer/src/data/idx.rs): train =
+                    localsgd's `--dataset idx --data-dir DIR` (models/src/data/idx.rs): train =
                     train-images-idx3-ubyte / train-labels-idx1-ubyte, test = t10k-images-idx3-ubyte
                     / t10k-labels-idx1-ubyte, each file plain or else NAME.gz; features byte/255 as
                     f32, each image's pixels row-major; input width rows*cols (784 for
@@ -324,7 +324,7 @@ IDX_FILES = (("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),  # train sp
 
 
 def idx_locate(data_dir, name):
-    """data_dir/name, or else data_dir/name.gz (trainer/src/data/idx.rs `locate`)."""
+    """data_dir/name, or else data_dir/name.gz (models/src/data/idx.rs `locate`)."""
     plain = os.path.join(data_dir, name)
     for path in (plain, plain + ".gz"):
         if os.path.isfile(path):
@@ -387,7 +387,7 @@ def gpt_module():
 
 
 def text_windows(path, context):
-    """(train windows, validation windows) of `localsgd train --dataset text` (trainer/src/data/
+    """(train windows, validation windows) of `localsgd train --dataset text` (models/src/data/
     text.rs): the first floor(bytes * (1 - 0.1)) bytes train, the rest validate; each part cut
     into windows of context + 1 bytes at stride context, (part - 1) // context of them; int64
     [windows, context + 1]."""

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""The PyTorch twin of `localsgd_trainer::gpt::Gpt`, and the parity data of
-trainer/tests/it/model_gpt.rs.
+"""The PyTorch twin of `localsgd_models::gpt::Gpt`, and the parity data of
+models/tests/it/model_gpt.rs.
 
 `GPT` is nanoGPT's decoder-only transformer without weight tying and without dropout, with a bias
 in every Linear (the head `lm_head` included) and in every LayerNorm (eps 1e-5):
@@ -19,9 +19,9 @@ weight 1 and bias 0.
 
 `main` writes, from torch.manual_seed(0), one thread, float32, CPU:
 
-  trainer/tests/data/gpt_twin_init.safetensors   the initial weights
-  trainer/tests/data/gpt_twin_final.safetensors  the weights after 20 AdamW steps
-  trainer/tests/data/gpt_twin.json               the config, the batches (windows of
+  models/tests/data/gpt_twin_init.safetensors   the initial weights
+  models/tests/data/gpt_twin_final.safetensors  the weights after 20 AdamW steps
+  models/tests/data/gpt_twin.json               the config, the batches (windows of
                                                  context + 1 bytes of a fixed paragraph), the
                                                  forward loss at the initial weights on batch 0
                                                  and the loss of each of the 20 AdamW steps
@@ -42,7 +42,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-OUT_DIR = os.path.join(ROOT, "trainer", "tests", "data")
+OUT_DIR = os.path.join(ROOT, "models", "tests", "data")
 
 CONFIG = dict(vocab=256, context=16, d_model=32, heads=4, layers=2)
 BATCH, STEPS, SEED = 4, 20, 0

@@ -165,7 +165,7 @@ CASES = {
 
 def text_windows():
     """The training windows of `--dataset text`: the first 90% of the file's bytes, windows of
-    context + 1 bytes at stride context (trainer/src/data/text.rs)."""
+    context + 1 bytes at stride context (models/src/data/text.rs)."""
     data = open(TEXT_FILE, "rb").read()
     train = data[:int(len(data) * 0.9)]
     c = GPT_CONFIG["context"]

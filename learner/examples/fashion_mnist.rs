@@ -36,8 +36,8 @@ use burn_train::{
 use localsgd_learner::{
     AlgorithmKind, AlgorithmSpec, ConsoleRenderer, LocalSgdStrategy, StrategyConfig,
 };
+use localsgd_models::cnn::{Cnn, CnnConfig};
 use localsgd_pipeline::optim::FusedSgdConfig;
-use localsgd_trainer::cnn::{Cnn, CnnConfig};
 use localsgd_trainer::config::DeviceKind;
 use localsgd_trainer::run;
 
@@ -151,7 +151,7 @@ fn parse_args() -> Result<Args, String> {
     Ok(args)
 }
 
-fn images(data: &localsgd_trainer::data::Dataset, limit: Option<usize>) -> Vec<Image> {
+fn images(data: &localsgd_models::data::Dataset, limit: Option<usize>) -> Vec<Image> {
     let n = limit.map_or(data.len(), |l| l.min(data.len()));
     (0..n)
         .filter_map(|i| {
@@ -172,7 +172,7 @@ fn main() {
 
 fn run() -> Result<(), String> {
     let args = parse_args()?;
-    let data = localsgd_trainer::data::idx::load_dir(&args.data_dir).map_err(|e| {
+    let data = localsgd_models::data::idx::load_dir(&args.data_dir).map_err(|e| {
         format!(
             "{e}\nFashion-MNIST is not in {}: `apt-get install dataset-fashion-mnist` puts it in \
              /usr/share/datasets/fashion-mnist, or pass --data-dir with the four IDX files",

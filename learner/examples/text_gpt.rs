@@ -33,10 +33,10 @@ use burn_train::{
 use localsgd_learner::{
     AlgorithmKind, AlgorithmSpec, ConsoleRenderer, LocalSgdStrategy, StrategyConfig,
 };
+use localsgd_models::data::text;
+use localsgd_models::gpt::{Gpt, GptConfig};
 use localsgd_pipeline::optim::FusedAdamConfig;
 use localsgd_trainer::config::DeviceKind;
-use localsgd_trainer::data::text;
-use localsgd_trainer::gpt::{Gpt, GptConfig};
 use localsgd_trainer::run;
 
 /// One window of `context + 1` bytes (inputs and the next byte of each).
@@ -141,7 +141,7 @@ fn parse_args() -> Result<Args, String> {
     Ok(args)
 }
 
-fn windows(data: &localsgd_trainer::data::Dataset) -> Vec<Window> {
+fn windows(data: &localsgd_models::data::Dataset) -> Vec<Window> {
     (0..data.len())
         .filter_map(|i| data.row(i).map(|row| Window(row.to_vec())))
         .collect()

@@ -155,11 +155,7 @@ impl StateDir {
     }
 }
 
-/// Write `bytes` to `path` through a temporary file renamed over it.
+/// Write `bytes` to `path` whole or not at all, durably (the pipeline's one atomic writer).
 fn write_renamed(path: &Path, bytes: &[u8]) -> Result<(), StrategyError> {
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    std::fs::write(&tmp, bytes).map_err(io(&tmp))?;
-    std::fs::rename(&tmp, path).map_err(io(path))
+    localsgd_pipeline::atomic::write_atomic(path, bytes).map_err(io(path))
 }

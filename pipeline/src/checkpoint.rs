@@ -104,6 +104,7 @@ pub use collective::{Checkpoints, Publish, Resumed, current_context};
 pub use pipeline_state::PipelineState;
 
 use crate::algorithm::AlgorithmSpec;
+use crate::atomic;
 use crate::pipeline::{DataPosition, PipelineError};
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::ModuleOptimizer;
@@ -116,7 +117,6 @@ use localsgd_comm::params::{
 use localsgd_hooks::HookState;
 use serde::{Deserialize, Serialize};
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 const MAGIC: &[u8; 8] = b"LSGDCKPT";
@@ -580,15 +580,11 @@ pub struct CheckpointDir {
 }
 
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
-    let mut f = fs::File::create(path).map_err(io(path))?;
-    f.write_all(bytes).map_err(io(path))?;
-    f.sync_all().map_err(io(path))
+    atomic::write_synced(path, bytes).map_err(io(path))
 }
 
 fn sync_dir(path: &Path) -> Result<(), CheckpointError> {
-    fs::File::open(path)
-        .and_then(|d| d.sync_all())
-        .map_err(io(path))
+    atomic::sync_dir(path).map_err(io(path))
 }
 
 impl CheckpointDir {
@@ -689,10 +685,8 @@ impl CheckpointDir {
                 "publishing a checkpoint that was not sealed",
             )));
         }
-        let latest_tmp = self.root.join("latest.tmp");
-        write_synced(&latest_tmp, name.as_bytes())?;
         let latest = self.root.join("latest");
-        fs::rename(&latest_tmp, &latest).map_err(io(&latest))?;
+        atomic::write_atomic(&latest, name.as_bytes()).map_err(io(&latest))?;
         sync_dir(&self.root)
     }
 

@@ -6,11 +6,12 @@
 //! algorithm builds ([`settings`] holds the plain setting types), PyTorch-style learning-rate
 //! schedules ([`lr_schedule`]), and per-rank [`checkpoint`]s of any burn module (collective save
 //! and resume in one call each: [`checkpoint::Checkpoints`]); and, for the step itself, fused
-//! optimizers ([`optim`]) and an exact GELU vectorized on the CPU ([`gelu`]). It depends on burn and the
+//! optimizers ([`optim`]), an exact GELU vectorized on the CPU ([`gelu`]) and fused LayerNorm,
+//! causal softmax and cross-entropy ([`fused`]); and the one atomic file writer every crate of the
+//! workspace writes run files with ([`atomic`]). It depends on burn and the
 //! workspace's comm, hooks and averagers crates, and on no command-line crate (`clap` only with
-//! the `clap` feature). The `localsgd` application (`localsgd-trainer`: configuration files and
-//! flags, data sets, models, metrics files, plots, launch) is built on it and re-exports these
-//! modules under the same names.
+//! the `clap` feature). The models and data sets (`localsgd-models`), the `localsgd` application
+//! (`localsgd-trainer`) and the burn-train strategy (`localsgd-learner`) are built on it.
 //!
 //! ```
 //! use localsgd_comm::ThreadWorld;
@@ -33,6 +34,7 @@
 #![deny(missing_docs)]
 
 pub mod algorithm;
+pub mod atomic;
 pub mod checkpoint;
 pub mod fused;
 pub mod gelu;

@@ -86,7 +86,7 @@ pub(crate) fn run(flags: &BenchCommFlags) -> Result<()> {
     );
     if let Some(path) = &flags.json {
         let json: Vec<_> = rows.iter().map(|r| row_json(r, flags.gap_us)).collect();
-        localsgd_trainer::atomic::write_atomic(
+        localsgd_pipeline::atomic::write_atomic(
             path,
             format!("{:#}\n", serde_json::Value::from(json)),
         )

@@ -11,10 +11,10 @@ use burn::optim::decay::WeightDecayConfig;
 use burn::optim::momentum::MomentumConfig;
 use burn::optim::{AdamConfig, AdamWConfig, ModuleOptimizer, SgdConfig};
 use localsgd_comm::Group;
+use localsgd_models::init_weights::load_pytorch_safetensors;
 use localsgd_planner::measure::{StepSettings, StepTiming, measure_step};
 use localsgd_trainer::config::ConfigFlags;
 use localsgd_trainer::config::{Backend, OptimizerKind, TrainConfig};
-use localsgd_trainer::init_weights::load_pytorch_safetensors;
 use localsgd_trainer::run;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -269,7 +269,7 @@ fn report(flags: &BenchStepFlags, cfg: &TrainConfig, m: &Measured) -> Result<()>
             "omp_num_threads": std::env::var("OMP_NUM_THREADS").ok(),
             "last_loss": last_loss,
         });
-        localsgd_trainer::atomic::write_atomic(path, format!("{out:#}\n"))
+        localsgd_pipeline::atomic::write_atomic(path, format!("{out:#}\n"))
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())

@@ -2,10 +2,10 @@
 //! command-line flags of the same names, validated before anything is written.
 
 use crate::cli::{Widths, parse_ranks, parse_widths};
-pub use crate::pipeline::{Accumulation, BufferPolicy};
 use localsgd_averagers::PseudoGradient;
 use localsgd_comm::codec::Rounding;
 use localsgd_pipeline::algorithm::AlgorithmSpec;
+pub use localsgd_pipeline::pipeline::{Accumulation, BufferPolicy};
 pub use localsgd_pipeline::settings::{
     AlgorithmKind, Compression, Levels, OuterCompressionKind, OuterOptions, OuterSettings,
     PipelineBuckets, SettingError,
@@ -177,7 +177,7 @@ pub enum OptimizerKind {
     Adamw,
 }
 
-/// Learning-rate schedule of the binary (see [`LrSchedule`](crate::lr_schedule::LrSchedule)).
+/// Learning-rate schedule of the binary (see [`LrSchedule`](localsgd_pipeline::lr_schedule::LrSchedule)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum LrScheduleKind {
@@ -1001,7 +1001,7 @@ fn bad(setting: &'static str, value: impl ToString, valid: impl ToString) -> Con
 }
 
 impl TrainConfig {
-    /// The algorithm settings of this configuration, for [`crate::algorithm::build`] (call
+    /// The algorithm settings of this configuration, for [`localsgd_pipeline::algorithm::build`] (call
     /// [`validate`](Self::validate) first; this checks only the outer optimizer's settings).
     pub fn algorithm_spec(&self) -> Result<AlgorithmSpec, ConfigError> {
         let cfg = self;

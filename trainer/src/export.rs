@@ -2,7 +2,7 @@
 //! `localsgd train --export FILE`.
 //!
 //! The file is safetensors with the PyTorch twin's `state_dict` names and layout (see
-//! [`init_weights`](crate::init_weights): `fc1.weight` `[out, in]`, `fc1.bias`, ...; the CNN's
+//! [`init_weights`](localsgd_models::init_weights): `fc1.weight` `[out, in]`, `fc1.bias`, ...; the CNN's
 //! `convs.{i}`, `norms.{i}` with running statistics, `head`), all F32, so
 //! `model.load_state_dict(safetensors.torch.load_file(FILE))` loads it into the twin.
 //!
@@ -38,12 +38,12 @@ use localsgd_averagers::AveragerError;
 use localsgd_comm::params::{FlatBuffer, FlatParams, ParamSelection, flatten_params, write_params};
 use localsgd_comm::{CommError, GroupExt, ThreadWorld, WorkerPanicked};
 
-use crate::checkpoint::{CheckpointDir, CheckpointError, RunIdentity};
 use crate::config::{ConfigError, TrainConfig, check_export_path};
-use crate::data::DataError;
-use crate::init_weights::{InitWeightsError, save_pytorch_safetensors};
-use crate::model::ModelError;
-use crate::network::{ModelSpec, Network};
+use localsgd_models::data::DataError;
+use localsgd_models::init_weights::{InitWeightsError, save_pytorch_safetensors};
+use localsgd_models::mlp::ModelError;
+use localsgd_models::network::{ModelSpec, Network};
+use localsgd_pipeline::checkpoint::{CheckpointDir, CheckpointError, RunIdentity};
 
 /// Which model to export.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

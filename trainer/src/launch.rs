@@ -3,7 +3,7 @@
 //! use it; nothing here depends on which backend runs.
 
 use anyhow::{Context, Result, bail};
-use localsgd_trainer::checkpoint::CheckpointDir;
+use localsgd_pipeline::checkpoint::CheckpointDir;
 use localsgd_trainer::config::ConfigFlags;
 use localsgd_trainer::config::{Backend, ModelKind, TrainConfig};
 use localsgd_trainer::export::ExportChoice;
@@ -152,7 +152,7 @@ pub(crate) fn prepare_run_dir(cfg: &TrainConfig) -> Result<PathBuf> {
             dir.join("config.toml").display()
         );
     }
-    localsgd_trainer::atomic::write_atomic(&dir.join("config.toml"), &effective)
+    localsgd_pipeline::atomic::write_atomic(&dir.join("config.toml"), &effective)
         .with_context(|| format!("writing {}", dir.join("config.toml").display()))?;
     Ok(dir)
 }
@@ -277,7 +277,7 @@ pub(crate) fn report(cfg: &TrainConfig, outcome: &RankOutcome, dir: &Path) -> Re
         "skipped_steps": r0.skipped_steps,
         "phase_seconds": r0.phase_times.iter().map(|(p, d)| (p.name().to_string(), serde_json::json!(d.as_secs_f64()))).collect::<serde_json::Map<_, _>>(),
     });
-    localsgd_trainer::atomic::write_atomic(&dir.join("summary.json"), format!("{summary:#}\n"))?;
+    localsgd_pipeline::atomic::write_atomic(&dir.join("summary.json"), format!("{summary:#}\n"))?;
     if let Some(path) = &cfg.export {
         let choice = match cfg.export_rank {
             Some(r) => ExportChoice::Rank(r),

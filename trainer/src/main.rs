@@ -159,7 +159,7 @@ fn compare(flags: &ConfigFlags) -> Result<()> {
             AlgorithmKind::Hierarchical => {
                 if cfg.levels.is_empty() {
                     let period = given_period.or(AlgorithmKind::PostLocalSgd.default_period());
-                    cfg.levels = localsgd_trainer::algorithm::default_levels(
+                    cfg.levels = localsgd_pipeline::algorithm::default_levels(
                         cfg.workers,
                         period.unwrap_or(4),
                     )

@@ -1,9 +1,9 @@
 //! Per-iteration metrics, one file per rank (`metrics.csv` for rank 0, `metrics-rank{R}.csv`
 //! for the others): loss, learning rate, phase times, communication.
 
-use crate::atomic::write_atomic;
 use crate::config::MetricsFormat;
-use crate::pipeline::{ITERATION_ORDER, IterationReport};
+use localsgd_pipeline::atomic::write_atomic;
+use localsgd_pipeline::pipeline::{ITERATION_ORDER, IterationReport};
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -273,7 +273,7 @@ pub fn append_membership(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pipeline::PhaseTimes;
+    use localsgd_pipeline::pipeline::PhaseTimes;
 
     fn report(iteration: u64) -> IterationReport {
         IterationReport {

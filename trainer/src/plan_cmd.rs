@@ -7,9 +7,9 @@
 
 use anyhow::{Context, Result};
 use localsgd_averagers::OuterCompression;
+use localsgd_models::mlp::MlpConfig;
 use localsgd_planner::{Plan, PlanError, PlanInputs};
 use localsgd_trainer::config::{Compression, Levels, OuterCompressionKind};
-use localsgd_trainer::model::MlpConfig;
 use std::path::PathBuf;
 
 /// Flags of `localsgd plan`.
@@ -292,7 +292,7 @@ pub(crate) fn run(flags: &PlanFlags) -> Result<()> {
             "recommended_levels": recommended_levels,
             "target_comm_share": flags.target_comm_share,
         });
-        localsgd_trainer::atomic::write_atomic(path, format!("{out:#}\n"))
+        localsgd_pipeline::atomic::write_atomic(path, format!("{out:#}\n"))
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())

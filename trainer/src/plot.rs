@@ -39,9 +39,11 @@ pub fn write_loss_svg(
     series: &[(String, Vec<(f64, f64)>)],
     title: &str,
 ) -> Result<(), PlotError> {
-    crate::atomic::write_atomic(path, loss_svg(series, title)).map_err(|source| PlotError {
-        path: path.to_path_buf(),
-        source,
+    localsgd_pipeline::atomic::write_atomic(path, loss_svg(series, title)).map_err(|source| {
+        PlotError {
+            path: path.to_path_buf(),
+            source,
+        }
     })
 }
 

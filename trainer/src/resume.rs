@@ -17,8 +17,8 @@
 //! assert_eq!(rule("run-dir"), SettingRule::Invocation);
 //! ```
 
-use crate::checkpoint::{CheckpointDir, CheckpointError};
 use crate::config::{Levels, SETTINGS, TrainConfig};
+use localsgd_pipeline::checkpoint::{CheckpointDir, CheckpointError};
 use std::path::{Path, PathBuf};
 
 /// The key of `config.toml`'s history tables: one `[[resumed]]` table per resume that changed

@@ -1,38 +1,40 @@
 //! A complete training run of one of the built-in models (MLP or CNN), as the `localsgd` binary does it: data, model,
 //! algorithm, pipeline, checkpoints, metrics and evaluation, on every rank.
 
-use crate::algorithm::{self, AlgorithmSpec};
-use crate::checkpoint::{CheckpointError, Checkpoints, Publish, RunIdentity};
-use crate::cnn::CnnConfig;
 use crate::config::{
     Backend, DatasetKind, DeviceKind, LrScheduleKind, ModelKind, OptimizerKind, PipelineBuckets,
     RankFailure, SettingError, TrainConfig,
 };
-use crate::data::{self, DataError, Dataset, ShardSampler, TrainTest};
 use crate::fault::{Fault, FaultKind};
-use crate::gpt::GptConfig;
-use crate::init_weights::{InitWeightsError, load_pytorch_safetensors, save_pytorch_safetensors};
-use crate::limits;
-use crate::lr_schedule::LrSchedule;
 use crate::metrics::{EvalWriter, MetricsWriter};
-use crate::model::{MlpConfig, ModelError};
-use crate::network::{BatchEval, ModelSpec, Network, Objective};
-use crate::optim::{FusedAdamConfig, FusedSgdConfig, OptimError};
-use crate::pipeline::{
-    Accumulation, BatchSource, DataPosition, Outcome, PhaseTimes, Pipeline, PipelineError,
-    PipelineOptions, SourceError,
-};
 use burn::optim::ModuleOptimizer;
 use burn::optim::lr_scheduler::module_lr_scheduler::ModuleLrScheduler;
 use burn::tensor::{Device, Int, Tensor};
 use localsgd_comm::params::{FlatBuffer, ParamSelection, flatten_params};
 use localsgd_comm::{CommError, Group, GroupExt, Traffic};
+use localsgd_models::cnn::CnnConfig;
+use localsgd_models::data::{self, DataError, Dataset, ShardSampler, TrainTest};
+use localsgd_models::gpt::GptConfig;
+use localsgd_models::init_weights::{
+    InitWeightsError, load_pytorch_safetensors, save_pytorch_safetensors,
+};
+use localsgd_models::limits;
+use localsgd_models::mlp::{MlpConfig, ModelError};
+use localsgd_models::network::{BatchEval, ModelSpec, Network, Objective};
+use localsgd_pipeline::algorithm::{self, AlgorithmSpec};
+use localsgd_pipeline::checkpoint::{CheckpointError, Checkpoints, Publish, RunIdentity};
+use localsgd_pipeline::lr_schedule::LrSchedule;
+use localsgd_pipeline::optim::{FusedAdamConfig, FusedSgdConfig, OptimError};
+use localsgd_pipeline::pipeline::{
+    Accumulation, BatchSource, DataPosition, Outcome, PhaseTimes, Pipeline, PipelineError,
+    PipelineOptions, SourceError,
+};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The file in the run directory that holds rank 0's final model as PyTorch safetensors
-/// (names and layout of [`crate::init_weights`]; loads with `--init-weights` and with
+/// (names and layout of [`localsgd_models::init_weights`]; loads with `--init-weights` and with
 /// `model.load_state_dict(safetensors.torch.load_file(...))` into the PyTorch twin).
 pub const MODEL_FILE: &str = "model.safetensors";
 
@@ -72,7 +74,7 @@ pub enum RunError {
     Device(String),
     /// The models would not fit in this machine's memory.
     #[error(transparent)]
-    TooLarge(#[from] crate::limits::TooLarge),
+    TooLarge(#[from] localsgd_models::limits::TooLarge),
     /// `LOCALSGD_FAULT` is set to something that is not a fault ([`crate::fault`]).
     #[error("fault injection: {0}")]
     Fault(String),
@@ -314,7 +316,7 @@ pub fn load_data(cfg: &TrainConfig) -> Result<TrainTest, DataError> {
 }
 
 /// Everything about the model a run can refuse before its directory is written: a malformed
-/// `LOCALSGD_FAULT` ([`crate::fault`]), the memory the models need ([`crate::limits`]), the model
+/// `LOCALSGD_FAULT` ([`crate::fault`]), the memory the models need ([`localsgd_models::limits`]), the model
 /// the data can feed ([`model_config`]) and, with `init-weights`, the file (read once here on the
 /// CPU and checked against that model: names, shapes, element types). The binary calls it
 /// before it creates the run directory.
@@ -326,7 +328,8 @@ pub fn preflight(cfg: &TrainConfig, train: &Dataset) -> Result<ModelSpec, RunErr
         // of its epochs (every rank's shard has as many batches; a resumed run's epochs end
         // where its data position says, which only the run finds out).
         let start = match cfg.resume {
-            true => crate::checkpoint::CheckpointDir::new(&cfg.run_dir).latest_iterations()?,
+            true => localsgd_pipeline::checkpoint::CheckpointDir::new(&cfg.run_dir)
+                .latest_iterations()?,
             false => 0,
         };
         let end = match (cfg.steps, cfg.resume) {
@@ -357,7 +360,7 @@ pub fn preflight(cfg: &TrainConfig, train: &Dataset) -> Result<ModelSpec, RunErr
 /// Refuse a resume of a run limited by `epochs` whose latest checkpoint already holds them all
 /// (an epoch counts once its last batch was trained, in the saving world's sharding).
 fn check_epochs_left(cfg: &TrainConfig, samples: usize) -> Result<(), RunError> {
-    let checkpoints = crate::checkpoint::CheckpointDir::new(&cfg.run_dir);
+    let checkpoints = localsgd_pipeline::checkpoint::CheckpointDir::new(&cfg.run_dir);
     let meta = checkpoints.latest_rank_meta(0)?;
     let Some(position) = meta.data else {
         return Ok(());
@@ -1044,7 +1047,7 @@ fn train_from(
     // The final state is always saved when there is a run directory, so `resume` can continue;
     // buffers (BatchNorm's running statistics) with the last forward's update, as the
     // checkpoint phase saves them.
-    let model = crate::pipeline::refresh_buffers(model);
+    let model = localsgd_pipeline::pipeline::refresh_buffers(model);
     if let Some(checkpoints) = &checkpoints
         && checkpoints
             .save_final(&mut pipeline, &model, loader.position())
@@ -1642,7 +1645,7 @@ impl PreparedHandover {
                 return Ok(None);
             };
             let spec = self.spec.as_ref().map_err(String::clone)?;
-            let checkpoints = crate::checkpoint::CheckpointDir::new(dir);
+            let checkpoints = localsgd_pipeline::checkpoint::CheckpointDir::new(dir);
             let (_, saved) = checkpoints.latest_identity().map_err(|e| e.to_string())?;
             let saved_rank = saved
                 .member_ranks()
@@ -1789,7 +1792,7 @@ fn continue_point(
             "`abort`, or a run directory: the survivors continue from its last checkpoint",
         ))
     })?;
-    let latest = match crate::checkpoint::CheckpointDir::new(dir).latest_iterations() {
+    let latest = match localsgd_pipeline::checkpoint::CheckpointDir::new(dir).latest_iterations() {
         Ok(i) => Some(i),
         Err(CheckpointError::Missing(_)) => None,
         Err(e) => return Err(e.into()),

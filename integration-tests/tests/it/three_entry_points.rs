@@ -27,12 +27,12 @@ use burn_train::{
 use localsgd_comm::ThreadWorld;
 use localsgd_comm::params::{FlatBuffer, ParamSelection, flatten_params};
 use localsgd_learner::{LocalSgdStrategy, StrategyConfig};
+use localsgd_models::data::{Dataset, ShardSampler, TrainTest};
+use localsgd_models::mlp::{Mlp, MlpConfig};
+use localsgd_models::network::Classify;
 use localsgd_pipeline::algorithm::{self, AlgorithmSpec};
 use localsgd_pipeline::pipeline::{IterSource, Outcome, Pipeline, PipelineOptions};
 use localsgd_trainer::config::{AlgorithmKind, DatasetKind, TrainConfig};
-use localsgd_trainer::data::{Dataset, ShardSampler, TrainTest};
-use localsgd_trainer::model::{Mlp, MlpConfig};
-use localsgd_trainer::network::Classify;
 use localsgd_trainer::run;
 
 const EPOCHS: u64 = 3;

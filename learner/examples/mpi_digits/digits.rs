@@ -24,8 +24,8 @@ use localsgd_comm::params::{FlatBuffer, ParamSelection, flatten_params};
 use localsgd_learner::{
     AlgorithmKind, AlgorithmSpec, ConsoleRenderer, LocalSgdStrategy, StrategyReport,
 };
+use localsgd_models::mlp::{Mlp, MlpConfig};
 use localsgd_pipeline::optim::FusedSgdConfig;
-use localsgd_trainer::model::{Mlp, MlpConfig};
 
 /// Learning rate of the SGD optimizer.
 pub const LR: f64 = 0.1;
@@ -108,8 +108,8 @@ pub type Loader = Arc<dyn DataLoader<Batch>>;
 /// The digits' training and test splits as loaders of [`BATCH`] (file order, no shuffling).
 /// Every process builds the whole loaders; the strategy gives rank `r` its share.
 pub fn loaders() -> Result<(Loader, Loader), String> {
-    let data = localsgd_trainer::data::digits::load().map_err(|e| e.to_string())?;
-    let items = |d: &localsgd_trainer::data::Dataset| -> Vec<Item> {
+    let data = localsgd_models::data::digits::load().map_err(|e| e.to_string())?;
+    let items = |d: &localsgd_models::data::Dataset| -> Vec<Item> {
         (0..d.len())
             .filter_map(|i| {
                 d.row(i).map(|x| Item {

@@ -15,9 +15,9 @@ use burn_train::{Learner, LearningResult, SupervisedTraining, TrainingStrategy};
 use localsgd_comm::params::{FlatBuffer, ParamSelection, flatten_params};
 use localsgd_comm::{GroupExt, ThreadWorld};
 use localsgd_learner::{LocalSgdStrategy, StrategyConfig};
-use localsgd_trainer::algorithm;
+use localsgd_pipeline::algorithm;
+use localsgd_pipeline::pipeline::{IterSource, Outcome, Pipeline, PipelineOptions};
 use localsgd_trainer::config::TrainConfig;
-use localsgd_trainer::pipeline::{IterSource, Outcome, Pipeline, PipelineOptions};
 
 // The model, items, batcher and constants are the `mpi_digits` example's (one definition for
 // the example, its MPI test and these tests).
@@ -33,8 +33,8 @@ pub fn loaders() -> (Loader, Loader) {
 
 /// [`loaders`], the training loader shuffled with `seed` when given.
 pub fn loaders_shuffled(seed: Option<u64>) -> (Loader, Loader) {
-    let data = localsgd_trainer::data::digits::load().unwrap();
-    let items = |d: &localsgd_trainer::data::Dataset| -> Vec<Item> {
+    let data = localsgd_models::data::digits::load().unwrap();
+    let items = |d: &localsgd_models::data::Dataset| -> Vec<Item> {
         (0..d.len())
             .map(|i| Item {
                 x: d.row(i).unwrap().to_vec(),

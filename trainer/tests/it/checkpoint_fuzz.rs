@@ -8,8 +8,8 @@
 //! fix. (It found that burn's optimizer-record decoder panics on some damaged records: the
 //! restore now turns that into a "damaged" error.)
 
+use localsgd_models::data::TrainTest;
 use localsgd_trainer::config::{AlgorithmKind, DatasetKind, OptimizerKind, TrainConfig};
-use localsgd_trainer::data::TrainTest;
 use localsgd_trainer::run::{RunError, load_data, train_threads};
 use proptest::prelude::*;
 use std::path::Path;

@@ -4,7 +4,7 @@
 
 use crate::one_process_per_rank;
 
-use localsgd_trainer::checkpoint::{CheckpointDir, RunIdentity};
+use localsgd_pipeline::checkpoint::{CheckpointDir, RunIdentity};
 use localsgd_trainer::config::{AlgorithmKind, DatasetKind, TrainConfig};
 use std::process::{Command, Stdio};
 use std::time::Duration;

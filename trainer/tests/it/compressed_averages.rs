@@ -14,9 +14,9 @@ use burn::tensor::{Device, Tensor, TensorData};
 use localsgd_averagers::{Level, OuterCompression};
 use localsgd_comm::ThreadWorld;
 use localsgd_comm::params::{FlatBuffer, ParamSelection, flatten_params};
-use localsgd_trainer::algorithm::{AlgorithmSpec, build};
+use localsgd_pipeline::algorithm::{AlgorithmSpec, build};
+use localsgd_pipeline::pipeline::{IterSource, Outcome, Pipeline, PipelineOptions};
 use localsgd_trainer::config::{AlgorithmKind, Compression, OuterSettings, PipelineBuckets};
-use localsgd_trainer::pipeline::{IterSource, Outcome, Pipeline, PipelineOptions};
 
 const N: usize = 16;
 const WORLD: usize = 4;

@@ -5,12 +5,12 @@
 
 use burn::nn::loss::CrossEntropyLoss;
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use localsgd_trainer::model::MlpConfig;
+use localsgd_models::mlp::MlpConfig;
 use localsgd_trainer::run::evaluate;
 
 #[test]
 fn the_test_loss_is_burns_cross_entropy_over_the_whole_test_set() {
-    let data = localsgd_trainer::data::digits::load().unwrap();
+    let data = localsgd_models::data::digits::load().unwrap();
     let test = &data.test;
     let device = Device::flex();
     let model = MlpConfig {

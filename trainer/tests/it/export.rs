@@ -5,11 +5,11 @@
 
 use crate::cli::{localsgd, ok};
 use burn::tensor::Device;
-use localsgd_trainer::checkpoint::CheckpointDir;
-use localsgd_trainer::cnn::CnnConfig;
-use localsgd_trainer::init_weights::load_pytorch_safetensors;
-use localsgd_trainer::model::MlpConfig;
-use localsgd_trainer::network::{ModelSpec, ModelSpec as Spec};
+use localsgd_models::cnn::CnnConfig;
+use localsgd_models::init_weights::load_pytorch_safetensors;
+use localsgd_models::mlp::MlpConfig;
+use localsgd_models::network::{ModelSpec, ModelSpec as Spec};
+use localsgd_pipeline::checkpoint::CheckpointDir;
 use localsgd_trainer::run::evaluate;
 use std::path::Path;
 use std::process::{Command, Output};
@@ -83,7 +83,7 @@ fn train(run: &Path, file: &Path, model: &[&str], export_rank: Option<&str>) -> 
 /// The test accuracy and loss of the exported file, read back with the PyTorch-layout loader.
 fn evaluate_file(file: &Path, spec: &ModelSpec) -> (f64, f64) {
     let device = Device::flex();
-    let data = localsgd_trainer::data::digits::load().unwrap();
+    let data = localsgd_models::data::digits::load().unwrap();
     let model = load_pytorch_safetensors(file, spec, &device).unwrap();
     let e = evaluate(&model, &data.test, &device).unwrap();
     (e.accuracy, e.loss)

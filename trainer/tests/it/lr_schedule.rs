@@ -2,7 +2,7 @@
 //! (`torch.optim.lr_scheduler`), step by step.
 
 use burn::optim::lr_scheduler::LrScheduler;
-use localsgd_trainer::lr_schedule::LrSchedule;
+use localsgd_pipeline::lr_schedule::LrSchedule;
 
 fn close(a: f64, b: f64) {
     assert!((a - b).abs() <= 1e-12 * b.abs().max(1.0), "{a} vs {b}");

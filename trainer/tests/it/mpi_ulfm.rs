@@ -8,7 +8,7 @@
 #![cfg(feature = "mpi")]
 
 use crate::one_process_per_rank::{self, BIN, Lcg, show};
-use localsgd_trainer::checkpoint::CheckpointDir;
+use localsgd_pipeline::checkpoint::CheckpointDir;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

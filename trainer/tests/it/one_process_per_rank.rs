@@ -6,7 +6,7 @@
 #![cfg_attr(not(any(feature = "mpi", feature = "nccl")), allow(dead_code))]
 
 use localsgd_comm::params::FlatBuffer;
-use localsgd_trainer::checkpoint::{CheckpointDir, RunIdentity};
+use localsgd_pipeline::checkpoint::{CheckpointDir, RunIdentity};
 use localsgd_trainer::config::{AlgorithmKind, TrainConfig};
 use std::path::Path;
 use std::process::{Command, Output};

@@ -10,10 +10,10 @@ use burn::tensor::{DType, Device, Tensor, TensorData};
 use localsgd_averagers::{OuterOptimizer, OuterSgdConfig, PseudoGradient};
 use localsgd_comm::ThreadWorld;
 use localsgd_comm::params::{FlatBuffer, ParamSelection, flatten_params};
-use localsgd_trainer::algorithm::{AlgorithmSpec, build};
+use localsgd_pipeline::algorithm::{AlgorithmSpec, build};
+use localsgd_pipeline::lr_schedule::LrSchedule;
+use localsgd_pipeline::pipeline::{IterSource, Outcome, Pipeline, PipelineOptions};
 use localsgd_trainer::config::{AlgorithmKind, Compression, OuterSettings, PipelineBuckets};
-use localsgd_trainer::lr_schedule::LrSchedule;
-use localsgd_trainer::pipeline::{IterSource, Outcome, Pipeline, PipelineOptions};
 
 #[derive(Module, Debug)]
 struct Scalar {

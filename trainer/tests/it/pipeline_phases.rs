@@ -2,14 +2,14 @@
 
 use burn::tensor::{Device, Int, Tensor};
 use localsgd_comm::ThreadWorld;
-use localsgd_trainer::algorithm::{AlgorithmSpec, build};
-use localsgd_trainer::config::{AlgorithmKind, Compression, PipelineBuckets};
-use localsgd_trainer::data::{Dataset, synthetic};
-use localsgd_trainer::model::{Mlp, MlpConfig};
-use localsgd_trainer::pipeline::{
+use localsgd_models::data::{Dataset, synthetic};
+use localsgd_models::mlp::{Mlp, MlpConfig};
+use localsgd_pipeline::algorithm::{AlgorithmSpec, build};
+use localsgd_pipeline::pipeline::{
     BatchSource, ITERATION_ORDER, IterSource, Outcome, Phase, Pipeline, PipelineError,
     PipelineOptions, SourceError,
 };
+use localsgd_trainer::config::{AlgorithmKind, Compression, PipelineBuckets};
 use localsgd_trainer::run::loss;
 use std::sync::{Arc, Mutex};
 

@@ -11,8 +11,8 @@ use localsgd_averagers::PeriodicModelAverager;
 use localsgd_comm::params::{FlatBuffer, ParamSelection, flatten_params, write_params};
 use localsgd_comm::{Group, ThreadWorld};
 use localsgd_hooks::{AllReduceHook, GradientReducer};
-use localsgd_trainer::model::{Mlp, MlpConfig};
-use localsgd_trainer::pipeline::{BufferPolicy, IterSource, Outcome, Pipeline, PipelineOptions};
+use localsgd_models::mlp::{Mlp, MlpConfig};
+use localsgd_pipeline::pipeline::{BufferPolicy, IterSource, Outcome, Pipeline, PipelineOptions};
 use localsgd_trainer::run::loss;
 
 type Batch = (Tensor<2>, Tensor<1, Int>);

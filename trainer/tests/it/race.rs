@@ -8,9 +8,9 @@ use burn::tensor::{Device, Int, Tensor};
 use localsgd_averagers::{AverageParameters, PeriodicModelAverager};
 use localsgd_comm::params::ParamSelection;
 use localsgd_comm::{CommError, GroupExt, ThreadWorld};
-use localsgd_trainer::data::synthetic;
-use localsgd_trainer::model::{Mlp, MlpConfig};
-use localsgd_trainer::pipeline::{IterSource, Outcome, Pipeline, PipelineOptions};
+use localsgd_models::data::synthetic;
+use localsgd_models::mlp::{Mlp, MlpConfig};
+use localsgd_pipeline::pipeline::{IterSource, Outcome, Pipeline, PipelineOptions};
 use localsgd_trainer::run::loss;
 use std::time::Duration;
 

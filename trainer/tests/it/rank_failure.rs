@@ -4,7 +4,7 @@
 //! `resume-ranks` (a new process, a new world of 3 threads). The survivors' final parameters
 //! must equal the reference's bit for bit, for every algorithm.
 
-use localsgd_trainer::checkpoint::{CheckpointDir, RunIdentity};
+use localsgd_pipeline::checkpoint::{CheckpointDir, RunIdentity};
 use localsgd_trainer::config::{AlgorithmKind, TrainConfig};
 use std::path::Path;
 use std::process::Command;

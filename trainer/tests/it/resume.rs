@@ -80,7 +80,7 @@ fn check_resume_with(
         // The stop must fall inside an overlap window, or this would test blocking resume.
         let spec = first.algorithm_spec().unwrap();
         let identity = localsgd_trainer::run::run_identity(&spec, first.workers);
-        let dir = localsgd_trainer::checkpoint::CheckpointDir::new(resumed_dir.path());
+        let dir = localsgd_pipeline::checkpoint::CheckpointDir::new(resumed_dir.path());
         for rank in 0..first.workers {
             let ckpt = dir.load_rank(rank, &identity).unwrap();
             let pending = ckpt
@@ -216,7 +216,7 @@ fn streaming_diloco_resumes_bit_identically_with_a_pseudo_gradient_in_flight() {
     train_threads(&cfg, &data, Some(dir.path()), None).unwrap();
     let spec = cfg.algorithm_spec().unwrap();
     let identity = localsgd_trainer::run::run_identity(&spec, cfg.workers);
-    let ckpts = localsgd_trainer::checkpoint::CheckpointDir::new(dir.path());
+    let ckpts = localsgd_pipeline::checkpoint::CheckpointDir::new(dir.path());
     for rank in 0..cfg.workers {
         let outer = ckpts.load_rank(rank, &identity).unwrap().outer.unwrap();
         assert_eq!(outer.fragments.len(), 2);
@@ -232,7 +232,7 @@ fn streaming_diloco_resumes_bit_identically_with_a_pseudo_gradient_in_flight() {
 /// writer) is refused instead of re-taking θ from replicas that have drifted apart.
 #[test]
 fn an_outer_run_without_saved_outer_state_is_refused() {
-    use localsgd_trainer::checkpoint::CheckpointDir;
+    use localsgd_pipeline::checkpoint::CheckpointDir;
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = config(dir.path(), AlgorithmKind::Diloco, OptimizerKind::Sgd);
     cfg.levels = Default::default();

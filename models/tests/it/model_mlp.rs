@@ -2,7 +2,7 @@
 
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::{Device, Tensor, TensorData};
-use localsgd_trainer::model::{MlpConfig, ModelError};
+use localsgd_models::mlp::{MlpConfig, ModelError};
 
 /// Every float parameter's values, in traversal order.
 #[derive(Default)]

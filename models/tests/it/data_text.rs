@@ -4,8 +4,8 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use localsgd_trainer::data::text::{self, DEFAULT_VALID_FRACTION, VOCAB_SIZE};
-use localsgd_trainer::data::{DataError, Dataset, ShardSampler};
+use localsgd_models::data::text::{self, DEFAULT_VALID_FRACTION, VOCAB_SIZE};
+use localsgd_models::data::{DataError, Dataset, ShardSampler};
 
 /// The text the repository ships for tests and examples (data/README.md).
 fn shipped_text() -> PathBuf {

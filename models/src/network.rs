@@ -5,8 +5,8 @@
 //!
 //! ```
 //! use burn::tensor::{Device, Tensor};
-//! use localsgd_trainer::network::{Classify, ModelSpec, Network};
-//! use localsgd_trainer::cnn::CnnConfig;
+//! use localsgd_models::network::{Classify, ModelSpec, Network};
+//! use localsgd_models::cnn::CnnConfig;
 //!
 //! let device = Device::flex();
 //! let spec = ModelSpec::Cnn(CnnConfig { side: 8, channels: vec![4], classes: 10 });
@@ -20,7 +20,7 @@ use burn::tensor::{Device, Int, Tensor};
 
 use crate::cnn::{Cnn, CnnConfig};
 use crate::gpt::{Gpt, GptConfig};
-use crate::model::{Mlp, MlpConfig, ModelError};
+use crate::mlp::{Mlp, MlpConfig, ModelError};
 
 /// A model that maps flattened inputs `[batch, features]` to logits `[batch, classes]`.
 pub trait Classify: Module {

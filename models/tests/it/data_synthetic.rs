@@ -1,6 +1,6 @@
 //! Synthetic blobs: deterministic, balanced and learnable.
 
-use localsgd_trainer::data::{DataError, synthetic};
+use localsgd_models::data::{DataError, synthetic};
 
 #[test]
 fn same_seed_same_data_other_seed_other_data() {

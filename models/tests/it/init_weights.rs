@@ -5,12 +5,12 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use burn::tensor::{Device, Tensor, TensorData};
-use localsgd_trainer::cnn::CnnConfig;
-use localsgd_trainer::init_weights::{
+use localsgd_models::cnn::CnnConfig;
+use localsgd_models::init_weights::{
     InitWeightsError, load_pytorch_safetensors, save_pytorch_safetensors,
 };
-use localsgd_trainer::model::{Mlp, MlpConfig};
-use localsgd_trainer::network::{Classify, ModelSpec, Network};
+use localsgd_models::mlp::{Mlp, MlpConfig};
+use localsgd_models::network::{Classify, ModelSpec, Network};
 use safetensors::{Dtype, tensor::TensorView};
 
 /// (name, dtype, shape, little-endian bytes)

@@ -14,7 +14,7 @@
 //!
 //! ```
 //! use burn::tensor::{Device, Tensor};
-//! use localsgd_trainer::cnn::CnnConfig;
+//! use localsgd_models::cnn::CnnConfig;
 //!
 //! let device = Device::flex();
 //! let config = CnnConfig { side: 28, channels: vec![8, 16], classes: 10 };
@@ -34,7 +34,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::batch_norm::BatchNorm2d;
-use crate::model::{ModelError, linear_from_pytorch, uniform};
+use crate::mlp::{ModelError, linear_from_pytorch, uniform};
 
 /// The shape of a [`Cnn`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

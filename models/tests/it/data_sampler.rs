@@ -5,7 +5,7 @@
 
 use std::collections::BTreeSet;
 
-use localsgd_trainer::data::{DataError, ShardSampler};
+use localsgd_models::data::{DataError, ShardSampler};
 
 fn all_ranks(n: usize, world: usize) -> Vec<Vec<usize>> {
     (0..world)
@@ -133,7 +133,7 @@ fn invalid_configuration_is_rejected() {
 /// [[1, 5], [9]], [[2, 6], [0]], [[3, 7], [1]]. After one batch each, rows 0..8 are dealt.
 #[test]
 fn redeal_continues_an_epoch_on_another_number_of_ranks() {
-    use localsgd_trainer::pipeline::DataPosition;
+    use localsgd_pipeline::pipeline::DataPosition;
     let at = |epoch, next_batch, start| DataPosition {
         epoch,
         next_batch,
@@ -174,7 +174,7 @@ fn redeal_continues_an_epoch_on_another_number_of_ranks() {
 /// (an independent count, not the sampler's own arithmetic).
 #[test]
 fn redeal_covers_the_rest_of_the_epoch_exactly_once() {
-    use localsgd_trainer::pipeline::DataPosition;
+    use localsgd_pipeline::pipeline::DataPosition;
     use std::collections::BTreeSet;
     for n in 1..30usize {
         for old_world in 1..5usize {

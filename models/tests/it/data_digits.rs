@@ -1,7 +1,7 @@
 //! The bundled digits data against reference values read from the file with
 //! `zcat data/digits.csv.gz | ...` shell one-liners (not with our parser).
 
-use localsgd_trainer::data::{DataError, digits};
+use localsgd_models::data::{DataError, digits};
 
 /// `zcat digits.csv.gz | head -1`: 64 pixels then the label.
 const FIRST_ROW: [u32; 64] = [

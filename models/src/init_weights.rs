@@ -13,9 +13,9 @@
 //!
 //! ```
 //! use burn::tensor::Device;
-//! use localsgd_trainer::init_weights::{load_pytorch_safetensors, save_pytorch_safetensors};
-//! use localsgd_trainer::network::{Network, ModelSpec};
-//! use localsgd_trainer::model::MlpConfig;
+//! use localsgd_models::init_weights::{load_pytorch_safetensors, save_pytorch_safetensors};
+//! use localsgd_models::network::{Network, ModelSpec};
+//! use localsgd_models::mlp::MlpConfig;
 //!
 //! let device = Device::flex();
 //! let spec = ModelSpec::Mlp(MlpConfig { input: 4, hidden: vec![3], classes: 2 });
@@ -42,7 +42,7 @@ use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 use crate::batch_norm::BatchNorm2d;
 use crate::cnn::{Cnn, CnnConfig, conv_from_pytorch};
 use crate::gpt::{Gpt, GptError};
-use crate::model::{Mlp, MlpConfig, ModelError, linear_from_pytorch};
+use crate::mlp::{Mlp, MlpConfig, ModelError, linear_from_pytorch};
 use crate::network::{ModelSpec, Network};
 
 /// Everything that can go wrong loading or saving PyTorch safetensors weights.
@@ -354,7 +354,7 @@ pub fn save_pytorch_safetensors(model: &Network, path: &Path) -> Result<(), Init
         .collect::<Result<Vec<_>, _>>()
         .map_err(format_err)?;
     let bytes = safetensors::serialize(views, None).map_err(format_err)?;
-    crate::atomic::write_atomic(path, bytes).map_err(|source| InitWeightsError::Io {
+    localsgd_pipeline::atomic::write_atomic(path, bytes).map_err(|source| InitWeightsError::Io {
         path: path.to_path_buf(),
         source,
     })

@@ -11,7 +11,7 @@
 //!
 //! ```
 //! use burn::tensor::{Device, Tensor, TensorData};
-//! use localsgd_trainer::batch_norm::BatchNorm2d;
+//! use localsgd_models::batch_norm::BatchNorm2d;
 //!
 //! let device = Device::flex().autodiff();
 //! let norm = BatchNorm2d::new(1, &device);

@@ -3,7 +3,7 @@
 //!
 //! ```
 //! use burn::tensor::Device;
-//! use localsgd_trainer::data::{digits, ShardSampler};
+//! use localsgd_models::data::{digits, ShardSampler};
 //!
 //! let split = digits::load().unwrap();
 //! assert_eq!((split.train.len(), split.test.len()), (1437, 360));

@@ -1,7 +1,7 @@
 //! `Dataset` construction checks and conversion of a batch to burn tensors.
 
 use burn::tensor::Device;
-use localsgd_trainer::data::{DataError, Dataset};
+use localsgd_models::data::{DataError, Dataset};
 
 fn small() -> Dataset {
     // 3 rows of 2 features.

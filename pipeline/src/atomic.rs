@@ -1,10 +1,12 @@
-//! Run files written whole or not at all: a killed run leaves either the previous file or the
-//! new one, never a torn one.
+//! Files written whole or not at all: a killed run leaves either the previous file or the new
+//! one, never a torn one. The workspace's one writer of run files (the binary's reports, plots
+//! and metrics, the models' weights files, the learner's state) and the primitives the
+//! checkpoints' staging directories are written with ([`write_synced`], [`sync_dir`]).
 //!
 //! ```
 //! let dir = tempfile::tempdir()?;
 //! let path = dir.path().join("summary.json");
-//! localsgd_trainer::atomic::write_atomic(&path, b"{}\n")?;
+//! localsgd_pipeline::atomic::write_atomic(&path, b"{}\n")?;
 //! assert_eq!(std::fs::read(&path)?, b"{}\n");
 //! # Ok::<(), std::io::Error>(())
 //! ```
@@ -34,12 +36,7 @@ pub fn write_atomic(path: &Path, bytes: impl AsRef<[u8]>) -> std::io::Result<()>
         return fs::write(path, bytes);
     }
     let tmp = temp_path(path);
-    let result = (|| {
-        let mut f = File::create(&tmp)?;
-        f.write_all(bytes.as_ref())?;
-        f.sync_all()?;
-        fs::rename(&tmp, path)
-    })();
+    let result = write_synced(&tmp, bytes).and_then(|()| fs::rename(&tmp, path));
     if result.is_err() {
         // Nothing half-written is left behind; the original error is the one to report.
         let _ = fs::remove_file(&tmp);
@@ -49,9 +46,23 @@ pub fn write_atomic(path: &Path, bytes: impl AsRef<[u8]>) -> std::io::Result<()>
     Ok(())
 }
 
+/// Write `bytes` to `path` (created or truncated) and sync the file: its contents are durable
+/// once this returns, its name only once its directory is synced ([`sync_dir`]).
+pub fn write_synced(path: &Path, bytes: impl AsRef<[u8]>) -> std::io::Result<()> {
+    let mut f = File::create(path)?;
+    f.write_all(bytes.as_ref())?;
+    f.sync_all()
+}
+
+/// Sync the directory `dir`: the names created, renamed or removed in it are durable once this
+/// returns.
+pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
 /// Sync the directory holding `path`, where the platform can (a rename is durable once its
 /// directory is). Best effort: some file systems refuse to sync a directory.
-pub(crate) fn sync_parent(path: &Path) {
+fn sync_parent(path: &Path) {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),

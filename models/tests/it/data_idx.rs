@@ -5,7 +5,7 @@ use std::path::Path;
 
 use flate2::Compression;
 use flate2::write::GzEncoder;
-use localsgd_trainer::data::{DataError, idx};
+use localsgd_models::data::{DataError, idx};
 
 /// An images file: magic 0x00000803, n, rows, cols (big-endian u32), then the pixels.
 fn images_bytes(n: u32, rows: u32, cols: u32, pixels: &[u8]) -> Vec<u8> {

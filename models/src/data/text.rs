@@ -19,7 +19,7 @@
 //! Rows are sharded across ranks by [`super::ShardSampler`], like every other data set.
 //!
 //! ```
-//! use localsgd_trainer::data::text;
+//! use localsgd_models::data::text;
 //!
 //! // 40 bytes, a quarter held out: 30 training bytes, 10 validation bytes.
 //! let bytes: Vec<u8> = (0..40).collect();

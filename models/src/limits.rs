@@ -6,7 +6,7 @@
 //! means the run could not have fit; a run that passes may still need more.
 //!
 //! ```
-//! use localsgd_trainer::limits::{Need, check};
+//! use localsgd_models::limits::{Need, check};
 //! // 1 KiB against 2 KiB available: fine; against 512 bytes: refused, naming the setting.
 //! assert!(check(&Need::new("hidden", "64", "the models", 1024), Some(2048)).is_ok());
 //! let e = check(&Need::new("hidden", "64", "the models", 1024), Some(512)).unwrap_err();

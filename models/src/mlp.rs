@@ -4,7 +4,7 @@
 //!
 //! ```
 //! use burn::tensor::{Device, Tensor};
-//! use localsgd_trainer::model::MlpConfig;
+//! use localsgd_models::mlp::MlpConfig;
 //!
 //! let device = Device::flex();
 //! let config = MlpConfig { input: 64, hidden: vec![32], classes: 10 };

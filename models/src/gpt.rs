@@ -37,7 +37,7 @@
 //!
 //! ```
 //! use burn::tensor::{Device, Tensor, TensorData};
-//! use localsgd_trainer::gpt::GptConfig;
+//! use localsgd_models::gpt::GptConfig;
 //!
 //! let device = Device::flex();
 //! let config = GptConfig { vocab: 256, context: 8, d_model: 16, heads: 2, layers: 1 };
@@ -49,7 +49,7 @@
 //! // Near ln(256) = 5.55 nats at initialization.
 //! assert!((loss - 256f32.ln()).abs() < 0.1, "{loss}");
 //! assert_eq!(model.config(), config);
-//! # Ok::<(), localsgd_trainer::gpt::GptError>(())
+//! # Ok::<(), localsgd_models::gpt::GptError>(())
 //! ```
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -66,7 +66,7 @@ use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 use serde::{Deserialize, Serialize};
 
 use crate::init_weights::InitWeightsError;
-use crate::model::linear_from_pytorch;
+use crate::mlp::linear_from_pytorch;
 
 /// Standard deviation of nanoGPT's normal initialization.
 const INIT_STD: f64 = 0.02;
@@ -699,9 +699,11 @@ impl Gpt {
             .collect::<Result<Vec<_>, _>>()
             .map_err(format_err)?;
         let out = safetensors::serialize(views, None).map_err(format_err)?;
-        crate::atomic::write_atomic(path, out).map_err(|source| InitWeightsError::Io {
-            path: path.to_path_buf(),
-            source,
+        localsgd_pipeline::atomic::write_atomic(path, out).map_err(|source| {
+            InitWeightsError::Io {
+                path: path.to_path_buf(),
+                source,
+            }
         })?;
         Ok(())
     }
