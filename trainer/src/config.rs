@@ -718,9 +718,12 @@ settings! {
         /// MLP: `fc1.weight` `[out, in]`, `fc1.bias`, `fc2.weight`, …; CNN: `convs.{i}.weight`
         /// `[out, in, 3, 3]` and `.bias`, `norms.{i}.weight`, `.bias`, `.running_mean`,
         /// `.running_var` (`num_batches_tracked` accepted, unused), `head.weight`
-        /// `[classes, features]`, `head.bias` (book: Reproducing a PyTorch run). A run's
+        /// `[classes, features]`, `head.bias` (book: Reproducing a PyTorch run); GPT: nanoGPT's
+        /// `state_dict` names, `wte.weight`, `wpe.weight`, `h.{i}.ln_1.weight`, …,
+        /// `lm_head.bias` (book: Training a language model). A run's
         /// `model.safetensors` has this layout. Unset: PyTorch's default `nn.Linear` and
-        /// `nn.Conv2d` initialization, drawn from `seed`.
+        /// `nn.Conv2d` initialization for the MLP and CNN, nanoGPT's for the GPT, drawn from
+        /// `seed`.
         #[setting(type = "path, optional")]
         init_weights: Option<PathBuf> as PathBuf = None,
         /// The data set to train on.
@@ -1105,7 +1108,7 @@ impl TrainConfig {
     }
 
     /// Check every setting that can be checked without touching the file system's run
-    /// directory. `mpi_world` is the MPI world size when running under MPI.
+    /// directory.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.workers == 0 {
             return Err(bad("workers", 0, "at least 1 worker"));

@@ -1,4 +1,4 @@
-//! A complete training run of one of the built-in models (MLP or CNN), as the `localsgd` binary does it: data, model,
+//! A complete training run of one of the built-in models (MLP, CNN or GPT), as the `localsgd` binary does it: data, model,
 //! algorithm, pipeline, checkpoints, metrics and evaluation, on every rank.
 
 use crate::config::{

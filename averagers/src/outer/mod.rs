@@ -37,7 +37,8 @@
 //!   starting a fragment's all-reduce `τ` steps early (non-blocking) and mixing the local values
 //!   back in with α ([`StreamingConfig`]).
 //! - **Compression**: [`OuterAverager::with_compression`] sends the pseudo-gradients in fp16 or
-//!   bf16.
+//!   bf16, or quantized (int8, int4) and sparsified (top-k) with error feedback
+//!   ([`OuterCompression`]).
 //!
 //! Four workers (threads) with targets 0..3 fit `w` by SGD; DiLoCo syncs every 3 steps. The
 //! numbers are the outer-optimizer vector V2 (semantics §10):

@@ -35,6 +35,7 @@ const CHAPTERS: &[(&str, &str)] = &[
     ("Performance", "performance.md"),
     ("Reproducing a PyTorch run", "reproducing-pytorch.md"),
     ("Semantics", "semantics.md"),
+    ("Training a language model", "language-model.md"),
     ("The localsgd binary", "binary.md"),
 ];
 
