@@ -8,7 +8,7 @@
 //! ```
 //!
 //! PyTorch's module names are `convs.{i}`, `norms.{i}` and `head` (see
-//! [`crate::init_weights`]). Conv and Linear weights and biases are drawn as PyTorch's defaults
+//! [`crate::pytorch`]). Conv and Linear weights and biases are drawn as PyTorch's defaults
 //! (uniform in `±1/sqrt(fan_in)`, `fan_in` = in-channels x 3 x 3 for a conv), from ChaCha8
 //! seeded with the run's seed, layer by layer, weight then bias, in PyTorch's row-major order.
 //!

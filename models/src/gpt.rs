@@ -62,21 +62,16 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use localsgd_pipeline::fused;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 use serde::{Deserialize, Serialize};
 
-use crate::init_weights::InitWeightsError;
 use crate::mlp::linear_from_pytorch;
+use crate::pytorch::format::{self, NamedTensor, WeightsError, push_linear, push_norm, to_f32_vec};
 
 /// Standard deviation of nanoGPT's normal initialization.
 const INIT_STD: f64 = 0.02;
 
 /// LayerNorm epsilon (PyTorch's default).
 const LN_EPS: f64 = 1e-5;
-
-/// One parameter in the PyTorch layout: its `state_dict` name, its PyTorch shape and its values
-/// in row-major order.
-pub type NamedTensor = (String, Vec<usize>, Vec<f32>);
 
 /// The shape of a [`Gpt`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -146,7 +141,7 @@ pub enum GptError {
     },
     /// Reading or writing the weights failed, or they do not fit the configuration.
     #[error(transparent)]
-    Weights(#[from] InitWeightsError),
+    Weights(#[from] WeightsError),
 }
 
 impl GptConfig {
@@ -602,7 +597,7 @@ impl Gpt {
             .into_iter()
             .collect();
         if !extra.is_empty() {
-            return Err(InitWeightsError::UnexpectedTensors {
+            return Err(WeightsError::UnexpectedTensors {
                 names: extra,
                 expected: expected.iter().map(|n| n.to_string()).collect(),
             }
@@ -611,7 +606,7 @@ impl Gpt {
         let mut by_name: BTreeMap<String, (Vec<usize>, Vec<f32>)> = BTreeMap::new();
         for (name, shape, values) in tensors {
             if shape.iter().product::<usize>() != values.len() {
-                return Err(InitWeightsError::TensorData(format!(
+                return Err(WeightsError::TensorData(format!(
                     "tensor {name:?}: shape {shape:?} holds {} values, {} given",
                     shape.iter().product::<usize>(),
                     values.len()
@@ -623,7 +618,7 @@ impl Gpt {
         for (name, shape) in &layout {
             match by_name.get(name) {
                 None => {
-                    return Err(InitWeightsError::MissingTensor {
+                    return Err(WeightsError::MissingTensor {
                         name: name.clone(),
                         expected: shape.clone(),
                         found: by_name.keys().cloned().collect(),
@@ -631,7 +626,7 @@ impl Gpt {
                     .into());
                 }
                 Some((found, _)) if found != shape => {
-                    return Err(InitWeightsError::ShapeMismatch {
+                    return Err(WeightsError::ShapeMismatch {
                         name: name.clone(),
                         expected: shape.clone(),
                         found: found.clone(),
@@ -651,10 +646,7 @@ impl Gpt {
         config: &GptConfig,
         device: &Device,
     ) -> Result<Gpt, GptError> {
-        let bytes = std::fs::read(path).map_err(|source| InitWeightsError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let bytes = format::read_file(path)?;
         Self::from_safetensors_bytes(&bytes, path, config, device)
     }
 
@@ -666,46 +658,14 @@ impl Gpt {
         config: &GptConfig,
         device: &Device,
     ) -> Result<Gpt, GptError> {
-        let file = SafeTensors::deserialize(bytes).map_err(|source| InitWeightsError::Format {
-            path: origin.to_path_buf(),
-            source,
-        })?;
-        let mut tensors = Vec::new();
-        for (name, view) in file.tensors() {
-            let values = view_to_f32(&name, &view)?;
-            tensors.push((name, view.shape().to_vec(), values));
-        }
+        let tensors = format::all_tensors(&format::parse(bytes, origin)?)?;
         Self::from_named_tensors(config, tensors, device)
     }
 
     /// Writes this model in the twin's layout as F32 safetensors (atomically), so that
     /// `model.load_state_dict(...)` loads it into the PyTorch `GPT`.
     pub fn save_safetensors(&self, path: &Path) -> Result<(), GptError> {
-        let tensors = self.to_named_tensors()?;
-        let bytes: Vec<Vec<u8>> = tensors
-            .iter()
-            .map(|(_, _, v)| v.iter().flat_map(|x| x.to_le_bytes()).collect())
-            .collect();
-        let format_err = |source| InitWeightsError::Format {
-            path: path.to_path_buf(),
-            source,
-        };
-        let views = tensors
-            .iter()
-            .zip(&bytes)
-            .map(|((name, shape, _), b)| {
-                TensorView::new(Dtype::F32, shape.clone(), b).map(|view| (name.as_str(), view))
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(format_err)?;
-        let out = safetensors::serialize(views, None).map_err(format_err)?;
-        localsgd_pipeline::atomic::write_atomic(path, out).map_err(|source| {
-            InitWeightsError::Io {
-                path: path.to_path_buf(),
-                source,
-            }
-        })?;
-        Ok(())
+        Ok(format::write(path, &self.to_named_tensors()?)?)
     }
 }
 
@@ -729,7 +689,7 @@ fn build(
     let d = config.d_model;
     let mut take = |name: &str| -> Result<Vec<f32>, GptError> {
         tensors.remove(name).map(|(_, v)| v).ok_or_else(|| {
-            InitWeightsError::MissingTensor {
+            WeightsError::MissingTensor {
                 name: name.to_string(),
                 expected: Vec::new(),
                 found: Vec::new(),
@@ -793,74 +753,4 @@ fn build(
         ln_f: norm("ln_f")?,
         lm_head,
     })
-}
-
-/// A LayerNorm as `{name}.weight` and `{name}.bias` (`[d]`).
-fn push_norm(out: &mut Vec<NamedTensor>, name: &str, ln: &LayerNorm) -> Result<(), GptError> {
-    let weight = to_f32_vec(ln.gamma.val())?;
-    let bias = match &ln.beta {
-        Some(beta) => to_f32_vec(beta.val())?,
-        None => {
-            return Err(InitWeightsError::MissingBias {
-                layer: name.to_string(),
-            }
-            .into());
-        }
-    };
-    out.push((format!("{name}.weight"), vec![weight.len()], weight));
-    out.push((format!("{name}.bias"), vec![bias.len()], bias));
-    Ok(())
-}
-
-/// A Linear layer as `{name}.weight` (`[out, in]`) and `{name}.bias` (`[out]`).
-fn push_linear(out: &mut Vec<NamedTensor>, name: &str, layer: &Linear) -> Result<(), GptError> {
-    let [fan_in, fan_out] = layer.weight.shape().dims();
-    let w_in_out = to_f32_vec(layer.weight.val())?;
-    let mut w_out_in = vec![0.0f32; fan_in * fan_out];
-    for i in 0..fan_in {
-        for o in 0..fan_out {
-            w_out_in[o * fan_in + i] = w_in_out[i * fan_out + o];
-        }
-    }
-    let bias = match &layer.bias {
-        Some(bias) => to_f32_vec(bias.val())?,
-        None => {
-            return Err(InitWeightsError::MissingBias {
-                layer: name.to_string(),
-            }
-            .into());
-        }
-    };
-    out.push((format!("{name}.weight"), vec![fan_out, fan_in], w_out_in));
-    out.push((format!("{name}.bias"), vec![fan_out], bias));
-    Ok(())
-}
-
-/// A float tensor's values as f32, row-major.
-fn to_f32_vec<const D: usize>(tensor: Tensor<D>) -> Result<Vec<f32>, GptError> {
-    tensor
-        .into_data()
-        .convert::<f32>()
-        .try_into_vec::<f32>()
-        .map_err(|e| InitWeightsError::TensorData(format!("{e:?}")).into())
-}
-
-/// A safetensors tensor's values as f32 (F32 or F64).
-fn view_to_f32(name: &str, view: &TensorView<'_>) -> Result<Vec<f32>, GptError> {
-    let data = view.data();
-    match view.dtype() {
-        Dtype::F32 => Ok(data
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect()),
-        Dtype::F64 => Ok(data
-            .chunks_exact(8)
-            .map(|b| f64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]) as f32)
-            .collect()),
-        other => Err(InitWeightsError::UnsupportedDtype {
-            name: name.to_string(),
-            found: other,
-        }
-        .into()),
-    }
 }

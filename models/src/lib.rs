@@ -6,7 +6,7 @@
 //! - the models, behind one type [`network::Network`]: the [`mlp::Mlp`], the [`cnn::Cnn`] with
 //!   [`batch_norm::BatchNorm2d`], and the byte-level language model [`gpt::Gpt`] (nanoGPT's
 //!   architecture, on the fused operations of `localsgd_pipeline::fused`);
-//! - PyTorch weights in and out: [`init_weights`] (safetensors files with PyTorch's names and
+//! - PyTorch weights in and out: [`pytorch`] (safetensors files with PyTorch's names and
 //!   layouts for every model);
 //! - the data: [`data`]'s in-memory `Dataset` with its sources (the bundled digits, IDX files
 //!   such as MNIST and Fashion-MNIST, byte-level text, generated blobs) and the per-rank
@@ -39,7 +39,7 @@ pub mod batch_norm;
 pub mod cnn;
 pub mod data;
 pub mod gpt;
-pub mod init_weights;
 pub mod limits;
 pub mod mlp;
 pub mod network;
+pub mod pytorch;

@@ -11,7 +11,7 @@ use burn::optim::decay::WeightDecayConfig;
 use burn::optim::momentum::MomentumConfig;
 use burn::optim::{AdamConfig, AdamWConfig, ModuleOptimizer, SgdConfig};
 use localsgd_comm::Group;
-use localsgd_models::init_weights::load_pytorch_safetensors;
+use localsgd_models::pytorch::load_pytorch_safetensors;
 use localsgd_planner::measure::{StepSettings, StepTiming, measure_step};
 use localsgd_trainer::config::ConfigFlags;
 use localsgd_trainer::config::{Backend, OptimizerKind, TrainConfig};

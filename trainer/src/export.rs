@@ -2,7 +2,7 @@
 //! `localsgd train --export FILE`.
 //!
 //! The file is safetensors with the PyTorch twin's `state_dict` names and layout (see
-//! [`init_weights`](localsgd_models::init_weights): `fc1.weight` `[out, in]`, `fc1.bias`, ...; the CNN's
+//! [`pytorch`](localsgd_models::pytorch): `fc1.weight` `[out, in]`, `fc1.bias`, ...; the CNN's
 //! `convs.{i}`, `norms.{i}` with running statistics, `head`), all F32, so
 //! `model.load_state_dict(safetensors.torch.load_file(FILE))` loads it into the twin.
 //!
@@ -40,9 +40,9 @@ use localsgd_comm::{CommError, GroupExt, ThreadWorld, WorkerPanicked};
 
 use crate::config::{ConfigError, TrainConfig, check_export_path};
 use localsgd_models::data::DataError;
-use localsgd_models::init_weights::{InitWeightsError, save_pytorch_safetensors};
 use localsgd_models::mlp::ModelError;
 use localsgd_models::network::{ModelSpec, Network};
+use localsgd_models::pytorch::{WeightsError, save_pytorch_safetensors};
 use localsgd_pipeline::checkpoint::{CheckpointDir, CheckpointError, RunIdentity};
 
 /// Which model to export.
@@ -127,7 +127,7 @@ pub enum ExportError {
     Panicked(#[from] WorkerPanicked),
     /// The file could not be written.
     #[error(transparent)]
-    Write(#[from] InitWeightsError),
+    Write(#[from] WeightsError),
 }
 
 /// Export `choice` of the run in `run_dir` to `out` (see the module docs). Nothing is written

@@ -15,12 +15,10 @@ use localsgd_comm::{CommError, Group, GroupExt, Traffic};
 use localsgd_models::cnn::CnnConfig;
 use localsgd_models::data::{self, DataError, Dataset, ShardSampler, TrainTest};
 use localsgd_models::gpt::GptConfig;
-use localsgd_models::init_weights::{
-    InitWeightsError, load_pytorch_safetensors, save_pytorch_safetensors,
-};
 use localsgd_models::limits;
 use localsgd_models::mlp::{MlpConfig, ModelError};
 use localsgd_models::network::{BatchEval, ModelSpec, Network, Objective};
+use localsgd_models::pytorch::{WeightsError, load_pytorch_safetensors, save_pytorch_safetensors};
 use localsgd_pipeline::algorithm::{self, AlgorithmSpec};
 use localsgd_pipeline::checkpoint::{CheckpointError, Checkpoints, Publish, RunIdentity};
 use localsgd_pipeline::lr_schedule::LrSchedule;
@@ -34,7 +32,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The file in the run directory that holds rank 0's final model as PyTorch safetensors
-/// (names and layout of [`localsgd_models::init_weights`]; loads with `--init-weights` and with
+/// (names and layout of [`localsgd_models::pytorch`]; loads with `--init-weights` and with
 /// `model.load_state_dict(safetensors.torch.load_file(...))` into the PyTorch twin).
 pub const MODEL_FILE: &str = "model.safetensors";
 
@@ -53,7 +51,7 @@ pub enum RunError {
     Model(#[from] ModelError),
     /// `init-weights` could not be loaded.
     #[error("init-weights: {0}")]
-    InitWeights(#[from] InitWeightsError),
+    InitWeights(#[from] WeightsError),
     /// The pipeline failed.
     #[error(transparent)]
     Pipeline(#[from] PipelineError),

@@ -7,6 +7,6 @@ mod data_idx;
 mod data_sampler;
 mod data_synthetic;
 mod data_text;
-mod init_weights;
 mod model_gpt;
 mod model_mlp;
+mod pytorch;

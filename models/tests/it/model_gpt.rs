@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::{AdamWConfig, GradientsParams};
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use localsgd_models::gpt::{Gpt, GptConfig, GptError, NamedTensor};
+use localsgd_models::gpt::{Gpt, GptConfig, GptError};
+use localsgd_models::pytorch::NamedTensor;
 
 /// Forward loss at fixed weights and batch: relative difference to PyTorch's (measured: 8.6e-8).
 const FORWARD_TOLERANCE: f64 = 1e-5;

@@ -6,9 +6,9 @@
 use crate::cli::{localsgd, ok};
 use burn::tensor::Device;
 use localsgd_models::cnn::CnnConfig;
-use localsgd_models::init_weights::load_pytorch_safetensors;
 use localsgd_models::mlp::MlpConfig;
 use localsgd_models::network::{ModelSpec, ModelSpec as Spec};
+use localsgd_models::pytorch::load_pytorch_safetensors;
 use localsgd_pipeline::checkpoint::CheckpointDir;
 use localsgd_trainer::run::evaluate;
 use std::path::Path;

@@ -6,11 +6,9 @@ use std::path::Path;
 
 use burn::tensor::{Device, Tensor, TensorData};
 use localsgd_models::cnn::CnnConfig;
-use localsgd_models::init_weights::{
-    InitWeightsError, load_pytorch_safetensors, save_pytorch_safetensors,
-};
 use localsgd_models::mlp::{Mlp, MlpConfig};
 use localsgd_models::network::{Classify, ModelSpec, Network};
+use localsgd_models::pytorch::{WeightsError, load_pytorch_safetensors, save_pytorch_safetensors};
 use safetensors::{Dtype, tensor::TensorView};
 
 /// (name, dtype, shape, little-endian bytes)
@@ -132,7 +130,7 @@ fn save_writes_pytorch_layout_and_roundtrips() {
     }
 }
 
-fn load_err(entries: &[Entry], config: &ModelSpec) -> InitWeightsError {
+fn load_err(entries: &[Entry], config: &ModelSpec) -> WeightsError {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("w.safetensors");
     write(&path, entries);
@@ -144,7 +142,7 @@ fn missing_tensor_is_named() {
     let mut entries = good_entries();
     entries.remove(3);
     match load_err(&entries, &config()) {
-        InitWeightsError::MissingTensor {
+        WeightsError::MissingTensor {
             name,
             expected,
             found,
@@ -163,7 +161,7 @@ fn extra_tensor_is_named() {
     entries.push(f32_entry("fc3.weight", &[1, 2], &[0.0, 0.0]));
     let err = load_err(&entries, &config());
     assert!(
-        matches!(&err, InitWeightsError::UnexpectedTensors { names, expected } if names == &["fc3.weight"] && expected.len() == 4),
+        matches!(&err, WeightsError::UnexpectedTensors { names, expected } if names == &["fc3.weight"] && expected.len() == 4),
         "{err:?}"
     );
 }
@@ -175,7 +173,7 @@ fn shape_mismatch_names_tensor_and_shapes() {
     entries[0] = f32_entry("fc1.weight", &[3, 2], &W1);
     let err = load_err(&entries, &config());
     assert!(
-        matches!(&err, InitWeightsError::ShapeMismatch { name, expected, found }
+        matches!(&err, WeightsError::ShapeMismatch { name, expected, found }
             if name == "fc1.weight" && expected == &[2, 3] && found == &[3, 2]),
         "{err:?}"
     );
@@ -192,7 +190,7 @@ fn shape_mismatch_names_tensor_and_shapes() {
     };
     assert!(matches!(
         load_err(&good_entries(), &ModelSpec::Mlp(wide)),
-        InitWeightsError::ShapeMismatch { .. }
+        WeightsError::ShapeMismatch { .. }
     ));
 }
 
@@ -202,7 +200,7 @@ fn unsupported_dtype_is_rejected() {
     entries[1] = ("fc1.bias".to_string(), Dtype::I32, vec![2], vec![0; 8]);
     let err = load_err(&entries, &config());
     assert!(
-        matches!(&err, InitWeightsError::UnsupportedDtype { name, found: Dtype::I32 } if name == "fc1.bias"),
+        matches!(&err, WeightsError::UnsupportedDtype { name, found: Dtype::I32 } if name == "fc1.bias"),
         "{err:?}"
     );
     assert!(err.to_string().contains("F32 or F64"));
@@ -213,12 +211,12 @@ fn unreadable_or_invalid_files() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("nope.safetensors");
     let err = load_pytorch_safetensors(&missing, &config(), &Device::flex()).unwrap_err();
-    assert!(matches!(err, InitWeightsError::Io { .. }));
+    assert!(matches!(err, WeightsError::Io { .. }));
     assert!(err.to_string().contains("nope.safetensors"));
     let garbage = dir.path().join("garbage.safetensors");
     std::fs::write(&garbage, b"definitely not safetensors").unwrap();
     let err = load_pytorch_safetensors(&garbage, &config(), &Device::flex()).unwrap_err();
-    assert!(matches!(err, InitWeightsError::Format { .. }), "{err:?}");
+    assert!(matches!(err, WeightsError::Format { .. }), "{err:?}");
     let bad = MlpConfig {
         input: 0,
         hidden: vec![],
@@ -226,7 +224,7 @@ fn unreadable_or_invalid_files() {
     };
     assert!(matches!(
         load_err(&good_entries(), &ModelSpec::Mlp(bad)),
-        InitWeightsError::Config(_)
+        WeightsError::Config(_)
     ));
 }
 
