@@ -1,10 +1,8 @@
 //! The [`CommHook`] trait and the serializable [`HookState`] of every hook.
 
 use crate::bucket::GradBucket;
-use crate::compress::Precision;
 use crate::error::HookError;
-use crate::post_local::PostLocalSgdState;
-use localsgd_comm::Group;
+use localsgd_comm::{Group, Precision};
 use serde::{Deserialize, Serialize};
 
 /// A gradient communication hook: called once per bucket, in bucket order, on every rank.
@@ -59,6 +57,17 @@ impl<H: CommHook + ?Sized> CommHook for Box<H> {
     fn take_mean_step(&mut self) -> Result<Option<Group>, HookError> {
         (**self).take_mean_step()
     }
+}
+
+/// The checkpointable part of a [`PostLocalSgdHook`](crate::PostLocalSgdHook): its configuration and iteration counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PostLocalSgdState {
+    /// Number of warmup iterations with global gradient averaging.
+    pub start_local_sgd_iter: u64,
+    /// Whether buckets are averaged over the subgroup after the warmup.
+    pub post_local_gradient_allreduce: bool,
+    /// Iterations counted so far (saturates at `start_local_sgd_iter`).
+    pub iter: u64,
 }
 
 /// The checkpointable state of a hook (serde; JSON looks like

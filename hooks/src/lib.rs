@@ -61,9 +61,9 @@ pub use bucket::{BucketData, BucketParam, GradBucket};
 pub use bucket_plan::{BucketCaps, BucketPlan, BucketSpec, PlannedParam};
 pub use compress::{CompressHook, Precision};
 pub use error::HookError;
-pub use hook::{CommHook, HookState};
+pub use hook::{CommHook, HookState, PostLocalSgdState};
 pub use in_flight::InFlightGrads;
-pub use post_local::{PostLocalSgdHook, PostLocalSgdState};
+pub use post_local::PostLocalSgdHook;
 pub use reducer::GradientReducer;
 
 /// The book's chapter on this crate as a doctest: its examples compile and run against burn,

@@ -2,20 +2,8 @@
 
 use crate::bucket::GradBucket;
 use crate::error::HookError;
-use crate::hook::{CommHook, HookState};
+use crate::hook::{CommHook, HookState, PostLocalSgdState};
 use localsgd_comm::Group;
-use serde::{Deserialize, Serialize};
-
-/// The checkpointable part of a [`PostLocalSgdHook`]: its configuration and iteration counter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PostLocalSgdState {
-    /// Number of warmup iterations with global gradient averaging.
-    pub start_local_sgd_iter: u64,
-    /// Whether buckets are averaged over the subgroup after the warmup.
-    pub post_local_gradient_allreduce: bool,
-    /// Iterations counted so far (saturates at `start_local_sgd_iter`).
-    pub iter: u64,
-}
 
 /// PyTorch's `post_localSGD_hook` with its `PostLocalSGDState`.
 ///

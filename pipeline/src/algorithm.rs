@@ -1,7 +1,7 @@
 //! Turning an algorithm choice into pipeline parts: a comm hook (with its bucket reducer) and a
 //! model averager. Custom combinations can skip this and hand parts to the pipeline directly.
 
-use crate::pipeline::PipelineError;
+use crate::pipeline::error::PipelineError;
 use crate::settings::{
     AlgorithmKind, Compression, Levels, OuterCompressionKind, OuterSettings, PipelineBuckets,
     SettingError, check_compression, rounding_name,

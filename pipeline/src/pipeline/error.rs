@@ -27,17 +27,17 @@ pub enum PipelineError {
     Config(String),
     /// The batch source could not deliver the next batch.
     #[error("reading the next batch: {0}")]
-    Data(#[source] super::SourceError),
+    Data(#[source] super::source::SourceError),
     /// An [`IterationObserver`](super::IterationObserver) failed.
     #[error("observing the iteration: {0}")]
-    Observer(#[source] super::ObserverError),
+    Observer(#[source] super::observer::ObserverError),
     /// Saving a checkpoint failed.
     #[error("checkpoint failed: {0}")]
     Checkpoint(#[source] Box<dyn std::error::Error + Send + Sync + 'static>),
 }
 
 impl PipelineError {
-    pub(crate) fn comm(phase: super::Phase) -> impl FnOnce(CommError) -> PipelineError {
+    pub(crate) fn comm(phase: super::phase::Phase) -> impl FnOnce(CommError) -> PipelineError {
         move |source| PipelineError::Comm {
             phase: phase.name(),
             source,

@@ -6,7 +6,7 @@ use localsgd_comm::params::ParamSelection;
 use localsgd_hooks::InFlightGrads;
 use std::time::Duration;
 
-use super::PhaseTimes;
+use super::phase::PhaseTimes;
 
 /// The state of the iteration in progress, handed from each phase method to the next.
 pub(crate) struct Iteration<B> {

@@ -7,7 +7,7 @@
 //! collectives in the same order — averaging can never race with another collective the way an
 //! "average inside `optimizer.step()`" design can (the book's semantics §5).
 
-mod error;
+pub(crate) mod error;
 mod inner;
 mod iteration;
 mod observer;
@@ -17,7 +17,7 @@ mod step;
 
 pub use error::PipelineError;
 pub use inner::InnerOptimizer;
-pub use observer::{EpochEnd, IterationObserver, NoObserver, ObserverError};
+pub use observer::{EpochEnd, IterationObserver, IterationReport, NoObserver, ObserverError};
 pub use phase::{ITERATION_ORDER, Phase, PhaseTimes};
 pub use source::{BatchSource, DataPosition, IterSource, SourceError};
 pub use step::{ForwardBackward, LossFn, MicroBatch, StepOutput};
@@ -132,25 +132,6 @@ pub enum Accumulation {
     /// `accumulate` when the epoch's batches are not a multiple of it; the next epoch starts a
     /// fresh step.
     EpochEnd,
-}
-
-/// What one completed iteration did.
-#[derive(Debug, Clone, PartialEq)]
-pub struct IterationReport {
-    /// 0-based index of the iteration.
-    pub iteration: u64,
-    /// This rank's loss on its batch.
-    pub loss: f32,
-    /// The mean loss over all ranks, on metrics iterations.
-    pub global_loss: Option<f64>,
-    /// Whether the optimizer step was skipped (non-finite gradients).
-    pub skipped_step: bool,
-    /// The learning rate of this iteration's optimizer step (the scheduler's, or the constant).
-    pub lr: f64,
-    /// Wall time per phase in this iteration.
-    pub times: PhaseTimes,
-    /// Communication issued by this rank in this iteration (all groups).
-    pub traffic: Traffic,
 }
 
 /// Result of [`Pipeline::run_iteration`].

@@ -1,7 +1,27 @@
 //! What watches a run between iterations: the third override point, beside the batch source
 //! and the forward/backward step.
 
-use super::IterationReport;
+use super::phase::PhaseTimes;
+use localsgd_comm::Traffic;
+
+/// What one completed iteration did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IterationReport {
+    /// 0-based index of the iteration.
+    pub iteration: u64,
+    /// This rank's loss on its batch.
+    pub loss: f32,
+    /// The mean loss over all ranks, on metrics iterations.
+    pub global_loss: Option<f64>,
+    /// Whether the optimizer step was skipped (non-finite gradients).
+    pub skipped_step: bool,
+    /// The learning rate of this iteration's optimizer step (the scheduler's, or the constant).
+    pub lr: f64,
+    /// Wall time per phase in this iteration.
+    pub times: PhaseTimes,
+    /// Communication issued by this rank in this iteration (all groups).
+    pub traffic: Traffic,
+}
 
 /// Why an [`IterationObserver`] stopped the run: any error, boxed.
 pub type ObserverError = Box<dyn std::error::Error + Send + Sync + 'static>;

@@ -3,7 +3,7 @@
 use burn::optim::GradientsParams;
 use burn::tensor::Tensor;
 
-use super::SourceError;
+use super::source::SourceError;
 
 /// Which micro-batch of an optimizer step a forward/backward pass computes (gradient
 /// accumulation: `count` micro-batches per step, `index` from 0).
