@@ -1,7 +1,7 @@
 //! The run configuration: one struct, read from a TOML file (`--config run.toml`), overridden by
 //! command-line flags of the same names, validated before anything is written.
 
-use crate::cli::{Widths, parse_ranks, parse_widths};
+use crate::lists::{Widths, parse_ranks, parse_widths};
 use localsgd_averagers::PseudoGradient;
 use localsgd_comm::codec::Rounding;
 use localsgd_pipeline::algorithm::AlgorithmSpec;
@@ -1046,8 +1046,8 @@ impl TrainConfig {
     pub fn from_toml_str(text: &str) -> Result<Self, String> {
         // The history must be well-formed too; the settings are read from their own lines, so
         // that an error names its line.
-        crate::resume::split_history(text).map_err(|e| with_quote_hint(text, e))?;
-        toml::from_str(crate::resume::settings_text(text))
+        crate::history::split_history(text).map_err(|e| with_quote_hint(text, e))?;
+        toml::from_str(crate::history::settings_text(text))
             .map_err(|e| with_quote_hint(text, e.to_string()))
     }
 

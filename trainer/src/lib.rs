@@ -16,6 +16,8 @@ pub mod config;
 pub mod denormals;
 pub mod export;
 pub mod fault;
+pub mod history;
+pub mod lists;
 pub mod metrics;
 pub mod plot;
 pub mod resume;

@@ -51,6 +51,7 @@ struct ExportFlags {
 mod bench_comm;
 mod bench_step;
 mod launch;
+mod outcome;
 mod plan_cmd;
 #[cfg(any(feature = "mpi", feature = "nccl"))]
 mod process_train;
@@ -71,7 +72,7 @@ fn main() {
         .with_target(false)
         .init();
     if let Err(e) = run_cli() {
-        eprintln!("error: {}", launch::describe(&e));
+        eprintln!("error: {}", outcome::describe(&e));
         std::process::exit(2);
     }
 }

@@ -22,8 +22,8 @@ pub(crate) struct PlanFlags {
     #[arg(long, default_value_t = 64)]
     input: usize,
     /// MLP hidden widths, comma-separated ("" for none).
-    #[arg(long, value_parser = localsgd_trainer::cli::parse_widths, default_value = "64")]
-    hidden: localsgd_trainer::cli::Widths,
+    #[arg(long, value_parser = localsgd_trainer::lists::parse_widths, default_value = "64")]
+    hidden: localsgd_trainer::lists::Widths,
     /// MLP classes.
     #[arg(long, default_value_t = 10)]
     classes: usize,

@@ -13,7 +13,7 @@
 //! survivors of a failure) goes straight into the run, and on an error exits alone: the ranks
 //! it joined treat its end as a failed rank.
 
-use crate::launch::{describe, prepare_run_dir, progress_bar, report};
+use crate::outcome::{describe, prepare_run_dir, progress_bar, report};
 use crate::process_world::ProcessWorld;
 use anyhow::{Context, Result, bail};
 use localsgd_comm::Group;

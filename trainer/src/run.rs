@@ -6,7 +6,7 @@ use crate::config::{
     RankFailure, SettingError, TrainConfig,
 };
 use crate::fault::{Fault, FaultKind};
-use crate::metrics::{EvalWriter, MetricsWriter};
+use crate::metrics::{EvalWriter, MembershipChange, MetricsWriter};
 use burn::optim::ModuleOptimizer;
 use burn::optim::lr_scheduler::module_lr_scheduler::ModuleLrScheduler;
 use burn::tensor::{Device, Int, Tensor};
@@ -784,28 +784,6 @@ impl RankState {
             self.checkpoints.drain(..self.checkpoints.len() - keep);
         }
     }
-}
-
-/// A change of the ranks a run trains on: ranks that failed left, replacements (if any)
-/// joined, and the new world went on from the last checkpoint (`on-rank-failure = "continue"`
-/// or `"replace"`; book: Fault tolerance).
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct MembershipChange {
-    /// The iteration the new world continues from: the last published checkpoint's (0 without
-    /// one). Its averages and data are the new world's from here on.
-    pub iteration: u64,
-    /// Iterations the old world had completed on this rank when the failure reached it.
-    pub detected_at: u64,
-    /// Ranks (of the job's first world) that left.
-    pub left: Vec<usize>,
-    /// Ranks (of the job's first world) whose replacements joined (`replace`; empty with
-    /// `continue`).
-    pub joined: Vec<usize>,
-    /// Ranks (of the job's first world) of the new world, in its rank order.
-    pub members: Vec<usize>,
-    /// Seconds from the failure reaching this rank to the new world's first completed
-    /// iteration (`None` if it completed none); this rank's own measurement.
-    pub recovery_seconds: Option<f64>,
 }
 
 /// [`train_worker`] from `start`, with the state a rank keeps across world changes.

@@ -6,7 +6,7 @@
 
 use crate::rank_failure::final_params;
 use localsgd_trainer::config::{OptimizerKind, TrainConfig};
-use localsgd_trainer::resume::split_history;
+use localsgd_trainer::history::split_history;
 use std::path::Path;
 use std::process::{Command, Output};
 
