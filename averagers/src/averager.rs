@@ -1,14 +1,13 @@
-//! The averager interface shared by the periodic and hierarchical averagers, so a training loop
-//! can hold either (also as `Box<dyn ModelAverager>`).
+//! The averager interface every averager implements, so a training loop can hold any of them
+//! (also as `Box<dyn ModelAverager>`); the averaging itself is
+//! [`AverageParameters`](crate::AverageParameters).
 
-use crate::average::average_in_group;
+use std::any::Any;
+
 use crate::error::AveragerError;
-use crate::outer::OuterAverager;
 use crate::overlap::Overlap;
 use crate::state::AveragerState;
-use burn::module::Module;
 use localsgd_comm::Group;
-use localsgd_comm::params::ParamSelection;
 
 /// A model-averaging schedule with a step counter.
 ///
@@ -49,78 +48,14 @@ pub trait ModelAverager: Send + std::fmt::Debug {
         None
     }
 
-    /// The outer-optimizer averager, for one (see [`outer`](crate::outer)); `None` (the
-    /// default) for plain averaging.
-    fn outer(&self) -> Option<&OuterAverager> {
-        None
-    }
+    /// This averager as [`Any`], for the concrete type behind a `dyn ModelAverager`: an outer
+    /// averager is reached through [`outer`](Self::outer) (`dyn ModelAverager`'s
+    /// `outer()`/`outer_mut()` in [`outer`](crate::outer)).
+    fn as_any(&self) -> &dyn Any;
 
-    /// Mutable access to the outer-optimizer averager (taking `θ`, setting SlowMo's inner
-    /// learning rate, restoring its state).
-    fn outer_mut(&mut self) -> Option<&mut OuterAverager> {
-        None
-    }
+    /// Mutable [`as_any`](Self::as_any).
+    fn as_any_mut(&mut self) -> &mut dyn Any;
 }
-
-/// Averaging a burn module on the averager's schedule. Implemented for every [`ModelAverager`].
-pub trait AverageParameters: ModelAverager {
-    /// Call exactly once per training iteration, after the optimizer step: if the current step is
-    /// scheduled, average `selection`'s parameters of `module` within the scheduled group (see
-    /// [`average_in_group`]); then count the step, averaged or not.
-    ///
-    /// Pass the parameters that had a gradient this step, e.g.
-    /// [`ParamSelection::with_grads`]`(&model, &grads)` computed before the optimizer consumes
-    /// the gradients. An empty selection communicates nothing but still counts the step.
-    ///
-    /// On error the step is not counted.
-    fn average_parameters<M: Module>(
-        &mut self,
-        module: M,
-        selection: &ParamSelection,
-    ) -> Result<M, AveragerError> {
-        if let Some(outer) = self.outer_mut() {
-            return outer.average_module(module, selection);
-        }
-        let step = self.step();
-        let group = self.scheduled_group();
-        let module = match self.overlap_mut() {
-            // Overlapped: first apply the average due now, then start this step's.
-            Some(overlap) => {
-                let module = overlap.complete_due(module, step)?;
-                if let Some(group) = group {
-                    overlap.start(&module, selection, &group, step)?;
-                }
-                module
-            }
-            None => match group {
-                Some(group) => average_in_group(module, selection, &group)?,
-                None => module,
-            },
-        };
-        self.advance();
-        Ok(module)
-    }
-
-    /// Apply an overlapped average still in flight now, before its completion step (call once
-    /// at the end of training, on every rank, so the final model includes it). A no-op for
-    /// blocking averagers and when nothing is pending. For an outer averager it is
-    /// [`OuterAverager::finish`]: a Streaming DiLoCo pseudo-gradient in flight completes its
-    /// collective and stays unapplied.
-    fn complete_pending<M: Module>(&mut self, module: M) -> Result<M, AveragerError> {
-        if let Some(outer) = self.outer_mut() {
-            // Streaming DiLoCo: a pseudo-gradient in flight completes its collective but is
-            // not applied (its perform step lies beyond the run).
-            outer.finish()?;
-            return Ok(module);
-        }
-        match self.overlap_mut() {
-            Some(overlap) => overlap.complete_now(module),
-            None => Ok(module),
-        }
-    }
-}
-
-impl<A: ModelAverager + ?Sized> AverageParameters for A {}
 
 impl<A: ModelAverager + ?Sized> ModelAverager for Box<A> {
     fn step(&self) -> u64 {
@@ -144,11 +79,11 @@ impl<A: ModelAverager + ?Sized> ModelAverager for Box<A> {
     fn overlap_mut(&mut self) -> Option<&mut Overlap> {
         (**self).overlap_mut()
     }
-    fn outer(&self) -> Option<&OuterAverager> {
-        (**self).outer()
+    fn as_any(&self) -> &dyn Any {
+        (**self).as_any()
     }
-    fn outer_mut(&mut self) -> Option<&mut OuterAverager> {
-        (**self).outer_mut()
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        (**self).as_any_mut()
     }
 }
 
@@ -172,7 +107,7 @@ pub(crate) fn check_state_config(
                 warmup_steps,
             },
         ) => {
-            let lower = |l: &[crate::Level]| {
+            let lower = |l: &[crate::state::Level]| {
                 l.iter()
                     .enumerate()
                     .map(|(i, x)| (x.period, (i + 1 < l.len()).then_some(x.group_size)))

@@ -1,9 +1,9 @@
 //! Semantics §3 (the book): several averaging levels, e.g. "every 2 steps within pairs of ranks,
 //! every 8 steps over everyone".
 
-use crate::averager::{ModelAverager, check_state_config};
 use crate::error::AveragerError;
-use crate::state::{AveragerConfig, AveragerState, Level};
+use crate::schedule::{Schedule, Scheduled};
+use crate::state::{AveragerConfig, Level};
 use localsgd_comm::{CommError, Group, validate_subgroup_size};
 
 /// Averages within contiguous blocks of ranks at several periods (PyTorch's
@@ -38,12 +38,15 @@ use localsgd_comm::{CommError, Group, validate_subgroup_size};
 /// assert_eq!(out[0], vec![0, 0, 0, 0, 4, 0, 2, 0, 4]);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+pub type HierarchicalModelAverager = Scheduled<Hierarchical>;
+
+/// The schedule of a [`HierarchicalModelAverager`]: its levels with their groups, after a
+/// warmup.
 #[derive(Debug)]
-pub struct HierarchicalModelAverager {
+pub struct Hierarchical {
     levels: Vec<(Level, Group)>,
     created: Vec<usize>,
     warmup_steps: u64,
-    step: u64,
 }
 
 impl HierarchicalModelAverager {
@@ -109,38 +112,54 @@ impl HierarchicalModelAverager {
                 level_group,
             ));
         }
-        Ok(Self {
+        Ok(Scheduled::from_schedule(Hierarchical {
             levels: built,
             created: created.into_iter().map(|(s, _)| s).collect(),
             warmup_steps,
-            step: 0,
-        })
+        }))
     }
 
     /// Block sizes for which this averager created subgroups, in creation order (sizes equal to
     /// the group size reuse the group and are not listed).
     pub fn subgroup_sizes_created(&self) -> Vec<usize> {
-        self.created.clone()
+        self.schedule().created.clone()
     }
 
     /// The levels, in order of increasing period.
     pub fn levels(&self) -> Vec<Level> {
-        self.levels.iter().map(|(l, _)| *l).collect()
+        self.schedule().levels.iter().map(|(l, _)| *l).collect()
     }
 
     /// This rank's group for each level, in level order.
     pub fn level_groups(&self) -> Vec<Group> {
-        self.levels.iter().map(|(_, g)| g.clone()).collect()
+        self.schedule()
+            .levels
+            .iter()
+            .map(|(_, g)| g.clone())
+            .collect()
     }
 
     /// Steps before the first averaging.
     pub fn warmup_steps(&self) -> u64 {
-        self.warmup_steps
+        self.schedule().warmup_steps
+    }
+}
+
+impl Schedule for Hierarchical {
+    fn group_at(&self, step: u64) -> Option<Group> {
+        if step < self.warmup_steps {
+            return None;
+        }
+        self.levels
+            .iter()
+            .rev()
+            .find(|(level, _)| step.is_multiple_of(level.period))
+            .map(|(_, g)| g.clone())
     }
 
     fn config(&self) -> AveragerConfig {
         AveragerConfig::Hierarchical {
-            levels: self.levels(),
+            levels: self.levels.iter().map(|(l, _)| *l).collect(),
             warmup_steps: self.warmup_steps,
         }
     }
@@ -196,38 +215,4 @@ pub fn validate_levels(levels: &[Level], group_size: usize) -> Result<(), Averag
         }
     }
     Ok(())
-}
-
-impl ModelAverager for HierarchicalModelAverager {
-    fn step(&self) -> u64 {
-        self.step
-    }
-
-    fn scheduled_group(&self) -> Option<Group> {
-        if self.step < self.warmup_steps {
-            return None;
-        }
-        self.levels
-            .iter()
-            .rev()
-            .find(|(level, _)| self.step.is_multiple_of(level.period))
-            .map(|(_, g)| g.clone())
-    }
-
-    fn advance(&mut self) {
-        self.step += 1;
-    }
-
-    fn state(&self) -> AveragerState {
-        AveragerState {
-            step: self.step,
-            config: self.config(),
-        }
-    }
-
-    fn load_state(&mut self, state: &AveragerState) -> Result<(), AveragerError> {
-        check_state_config(&self.config(), state)?;
-        self.step = state.step;
-        Ok(())
-    }
 }

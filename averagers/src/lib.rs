@@ -62,6 +62,7 @@
 #![deny(missing_docs)]
 
 pub mod average;
+pub mod average_parameters;
 pub mod averager;
 pub mod error;
 pub mod group;
@@ -69,19 +70,22 @@ pub mod hierarchical;
 pub mod outer;
 pub mod overlap;
 pub mod periodic;
+pub mod schedule;
 pub mod state;
 
 pub use average::{average_if_member, average_in_group, broadcast_in_group};
-pub use averager::{AverageParameters, ModelAverager};
+pub use average_parameters::AverageParameters;
+pub use averager::ModelAverager;
 pub use error::{AveragerError, RankParams};
 pub use group::new_group;
-pub use hierarchical::{HierarchicalModelAverager, validate_levels};
+pub use hierarchical::{Hierarchical, HierarchicalModelAverager, validate_levels};
 pub use outer::{
     OuterAverager, OuterCompression, OuterOptimizer, OuterSgd, OuterSgdConfig, OuterState,
     PseudoGradient, SlowMoConfig, StreamingConfig,
 };
 pub use overlap::{Overlap, PendingAverage};
-pub use periodic::PeriodicModelAverager;
+pub use periodic::{Periodic, PeriodicModelAverager};
+pub use schedule::{Schedule, Scheduled};
 pub use state::{AveragerConfig, AveragerState, Level};
 
 /// The communication crate this one builds on (groups, [`ThreadWorld`](comm::ThreadWorld), ...).

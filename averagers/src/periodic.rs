@@ -1,9 +1,9 @@
 //! Semantics §2 (the book): average over one group every `period` steps after a warmup.
 
-use crate::averager::{ModelAverager, check_state_config};
 use crate::error::AveragerError;
 use crate::overlap::Overlap;
-use crate::state::{AveragerConfig, AveragerState};
+use crate::schedule::{Schedule, Scheduled};
+use crate::state::AveragerConfig;
 use localsgd_comm::Group;
 
 /// Averages the parameters over `group` at steps `warmup_steps`, `warmup_steps + period`,
@@ -31,12 +31,15 @@ use localsgd_comm::Group;
 /// assert_eq!(schedules[0], vec![13, 17]);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+pub type PeriodicModelAverager = Scheduled<Periodic>;
+
+/// The schedule of a [`PeriodicModelAverager`]: one group, every `period` steps after
+/// `warmup_steps`, optionally overlapped.
 #[derive(Debug)]
-pub struct PeriodicModelAverager {
+pub struct Periodic {
     period: u64,
     warmup_steps: u64,
     group: Group,
-    step: u64,
     overlap: Option<Overlap>,
 }
 
@@ -61,13 +64,12 @@ impl PeriodicModelAverager {
                  is the better choice"
             );
         }
-        Ok(Self {
+        Ok(Scheduled::from_schedule(Periodic {
             period,
             warmup_steps,
             group,
-            step: 0,
             overlap: None,
-        })
+        }))
     }
 
     /// Overlap every average with the next `delay` iterations (see
@@ -76,32 +78,34 @@ impl PeriodicModelAverager {
     /// averaging; otherwise `1 <= delay <= period` ([`AveragerError::Overlap`] names the
     /// bounds). Not collective (the helper communicator is created at the first average).
     pub fn with_overlap(mut self, delay: u64) -> Result<Self, AveragerError> {
-        if delay > self.period {
+        let period = self.schedule().period;
+        if delay > period {
             return Err(AveragerError::Overlap(format!(
-                "delay {delay} exceeds the averaging period {}: each average must be applied \
-                 before the next starts (valid: 0 = blocking, or 1..={})",
-                self.period, self.period
+                "delay {delay} exceeds the averaging period {period}: each average must be \
+                 applied before the next starts (valid: 0 = blocking, or 1..={period})"
             )));
         }
-        self.overlap = (delay > 0).then(|| Overlap::new(delay));
+        self.schedule_mut().overlap = (delay > 0).then(|| Overlap::new(delay));
         Ok(self)
     }
 
     /// The averaging period.
     pub fn period(&self) -> u64 {
-        self.period
+        self.schedule().period
     }
 
     /// Steps before the first averaging.
     pub fn warmup_steps(&self) -> u64 {
-        self.warmup_steps
+        self.schedule().warmup_steps
     }
 
     /// The group parameters are averaged in.
     pub fn group(&self) -> &Group {
-        &self.group
+        &self.schedule().group
     }
+}
 
+impl Schedule for Periodic {
     fn config(&self) -> AveragerConfig {
         AveragerConfig::Periodic {
             period: self.period,
@@ -109,34 +113,10 @@ impl PeriodicModelAverager {
             overlap: self.overlap.as_ref().map_or(0, Overlap::delay),
         }
     }
-}
 
-impl ModelAverager for PeriodicModelAverager {
-    fn step(&self) -> u64 {
-        self.step
-    }
-
-    fn scheduled_group(&self) -> Option<Group> {
-        (self.step >= self.warmup_steps
-            && (self.step - self.warmup_steps).is_multiple_of(self.period))
-        .then(|| self.group.clone())
-    }
-
-    fn advance(&mut self) {
-        self.step += 1;
-    }
-
-    fn state(&self) -> AveragerState {
-        AveragerState {
-            step: self.step,
-            config: self.config(),
-        }
-    }
-
-    fn load_state(&mut self, state: &AveragerState) -> Result<(), AveragerError> {
-        check_state_config(&self.config(), state)?;
-        self.step = state.step;
-        Ok(())
+    fn group_at(&self, step: u64) -> Option<Group> {
+        (step >= self.warmup_steps && (step - self.warmup_steps).is_multiple_of(self.period))
+            .then(|| self.group.clone())
     }
 
     fn overlap(&self) -> Option<&Overlap> {

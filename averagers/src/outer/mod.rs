@@ -84,12 +84,15 @@
 //! ```
 
 mod compression;
+mod optimizer;
 mod sgd;
 mod slowmo;
 mod state;
 mod streaming;
+mod wire;
 
 pub use compression::{DEFAULT_CHUNK, OuterCompression};
+pub use optimizer::{OuterOptimizer, PseudoGradient};
 pub use sgd::{OuterSgd, OuterSgdConfig};
 pub use slowmo::SlowMoConfig;
 pub use state::{FragmentState, OuterState, PendingDelta};
@@ -100,91 +103,16 @@ use crate::averager::{ModelAverager, check_state_config};
 use crate::error::AveragerError;
 use crate::overlap::selection_of_indices;
 use crate::periodic::PeriodicModelAverager;
+use crate::schedule::Scheduled;
 use crate::state::{AveragerConfig, AveragerState};
 use burn::module::Module;
-use half::{bf16, f16};
-use localsgd_comm::codec::{
-    CodecSpec, ErrorFeedback, encode_with_feedback, mean_of_messages, message_len,
-};
+use localsgd_comm::codec::ErrorFeedback;
 use localsgd_comm::params::{FlatBuffer, ParamSelection, flatten_params, write_params};
-use localsgd_comm::precision::Compressible;
-use localsgd_comm::{
-    AsyncGroup, Element, Group, GroupExt, Pending, Precision, average_compressed, round_to,
-};
-use serde::{Deserialize, Serialize};
+use localsgd_comm::{AsyncGroup, Group};
 use sgd::{Real, slow_step, type_name};
 use slowmo::{SlowMoCadence, SlowMoEvent, SlowMoSchedule};
 use streaming::{Cadence, StreamingSchedule};
-
-/// How the pseudo-gradient is reduced over the group (semantics §8.2). Equal in exact arithmetic,
-/// they round differently (bitwise equal on dyadic data, vector V9).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum PseudoGradient {
-    /// Variant A (torchft, OpenDiLoCo, hivemind): every rank computes `θ − x_r`; the group
-    /// averages those.
-    MeanOfDeltas,
-    /// Variant B (fairscale): the group averages the parameters; every rank computes
-    /// `θ − mean(x_r)`.
-    DeltaOfMean,
-}
-
-/// The outer optimizer of an [`OuterAverager`].
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum OuterOptimizer {
-    /// `torch.optim.SGD` on `θ` with the pseudo-gradient as gradient (DiLoCo).
-    Sgd(OuterSgdConfig),
-    /// fairscale's SlowMo slow step: slow learning rate `lr` (α, fairscale's `slowmo_lr`) and
-    /// slow momentum `momentum` (β, `slowmo_momentum`). fairscale's defaults are `(1.0, 0.5)`.
-    SlowMo {
-        /// α (`slowmo_lr`), `> 0`.
-        lr: f64,
-        /// β (`slowmo_momentum`), `>= 0`.
-        momentum: f64,
-    },
-}
-
-impl From<OuterSgdConfig> for OuterOptimizer {
-    fn from(config: OuterSgdConfig) -> Self {
-        OuterOptimizer::Sgd(config)
-    }
-}
-
-impl OuterOptimizer {
-    /// Check the settings: torch's rules for [`Sgd`](Self::Sgd) (see
-    /// [`OuterSgdConfig::validate`]), `lr > 0` and `momentum >= 0`, both finite, for
-    /// [`SlowMo`](Self::SlowMo). The error names the value and what would be valid.
-    pub fn validate(&self) -> Result<(), AveragerError> {
-        match *self {
-            OuterOptimizer::Sgd(c) => c.validate(),
-            OuterOptimizer::SlowMo { lr, momentum } => {
-                if !(lr.is_finite() && lr > 0.0) {
-                    return Err(AveragerError::Outer(format!(
-                        "SlowMo's slow learning rate must be a finite number > 0 (got {lr}); \
-                         fairscale's default is 1"
-                    )));
-                }
-                if !(momentum.is_finite() && momentum >= 0.0) {
-                    return Err(AveragerError::Outer(format!(
-                        "SlowMo's slow momentum must be a finite number >= 0 (got {momentum}); \
-                         fairscale's default is 0.5"
-                    )));
-                }
-                Ok(())
-            }
-        }
-    }
-
-    /// The pseudo-gradient reduction an [`OuterAverager`] uses unless told otherwise: mean of
-    /// deltas for SGD (torchft, OpenDiLoCo), delta of mean for SlowMo (fairscale).
-    pub fn default_reduce(&self) -> PseudoGradient {
-        match self {
-            OuterOptimizer::Sgd(_) => PseudoGradient::MeanOfDeltas,
-            OuterOptimizer::SlowMo { .. } => PseudoGradient::DeltaOfMean,
-        }
-    }
-}
+use wire::{Lossy, Transfer, feedback_of, group_mean, mean_delta, side_group, type_changed};
 
 /// `θ` and the outer optimizer's state.
 #[derive(Debug, Clone, PartialEq)]
@@ -199,55 +127,6 @@ struct Global {
     /// What the lossy codec's messages did not carry yet (error feedback); `None` until the
     /// first lossy sync, or without error feedback.
     feedback: Option<ErrorFeedback>,
-}
-
-/// A fragment's averaged pseudo-gradient on its way (Streaming DiLoCo with a delay), or
-/// arrived.
-enum Transfer {
-    F32(Pending<f32>),
-    F64(Pending<f64>),
-    /// In half precision on the wire; `wide`: the parameters are f64.
-    F16(Pending<f16>, bool),
-    Bf16(Pending<bf16>, bool),
-    /// Every rank's lossy message, gathered: decoded and averaged when it arrives (`n`
-    /// values, `world` ranks).
-    Gathered {
-        pending: Pending<u8>,
-        spec: CodecSpec,
-        n: usize,
-        world: usize,
-    },
-    Ready(FlatBuffer),
-}
-
-impl Transfer {
-    fn into_ready(self) -> Result<FlatBuffer, AveragerError> {
-        fn widen<H: Element>(v: Vec<H>, wide: bool) -> FlatBuffer {
-            if wide {
-                FlatBuffer::F64(v.into_iter().map(|x| x.to_f64()).collect())
-            } else {
-                FlatBuffer::F32(v.into_iter().map(|x| x.to_f64() as f32).collect())
-            }
-        }
-        Ok(match self {
-            Transfer::F32(p) => FlatBuffer::F32(p.wait()?),
-            Transfer::F64(p) => FlatBuffer::F64(p.wait()?),
-            Transfer::F16(p, wide) => widen(p.wait()?, wide),
-            Transfer::Bf16(p, wide) => widen(p.wait()?, wide),
-            Transfer::Gathered {
-                pending,
-                spec,
-                n,
-                world,
-            } => {
-                let gathered = pending.wait()?;
-                let mut mean = vec![0.0f32; n];
-                mean_of_messages(&spec, &gathered, world, n, &mut mean)?;
-                FlatBuffer::F32(mean)
-            }
-            Transfer::Ready(b) => b,
-        })
-    }
 }
 
 /// Streaming DiLoCo's moving parts: the cadence, the non-blocking communicator (created at the
@@ -370,7 +249,7 @@ impl OuterAverager {
         world: Group,
     ) -> Result<Self, AveragerError> {
         let cadence = Cadence::new(config, warmup)?;
-        let schedule = StreamingSchedule::new(cadence, world.clone());
+        let schedule = Scheduled::from_schedule(StreamingSchedule::new(cadence, world.clone()));
         let mut averager =
             Self::new(Box::new(schedule), optimizer.into(), world)?.with_local_start(warmup);
         averager.streaming = Some(Streaming {
@@ -421,7 +300,7 @@ impl OuterAverager {
                  which costs at least as much as all-reducing gradients"
             );
         }
-        let schedule = SlowMoSchedule::new(cadence, world.clone());
+        let schedule = Scheduled::from_schedule(SlowMoSchedule::new(cadence, world.clone()));
         let mut averager =
             Self::new(Box::new(schedule), config.optimizer(), world)?.with_local_start(warmup);
         averager.slowmo = Some(cadence);
@@ -1013,181 +892,6 @@ fn mix<T: Real>(x: &mut [T], t: &[T], alpha: f64) {
     }
 }
 
-/// The non-blocking communicator over `world`, created (collectively) on first use.
-fn side_group<'a>(
-    side: &'a mut Option<AsyncGroup>,
-    world: &Group,
-) -> Result<&'a mut AsyncGroup, AveragerError> {
-    if side.is_none() {
-        *side = Some(AsyncGroup::new(world.clone())?);
-    }
-    side.as_mut()
-        .ok_or_else(|| AveragerError::Outer("no communicator".into()))
-}
-
-/// A parameter element type whose averages travel as a [`Transfer`].
-trait Wire: Element + Compressible {
-    /// The transfer of a full-precision average.
-    fn transfer(pending: Pending<Self>) -> Transfer;
-    /// These values as a flat buffer.
-    fn flat(values: Vec<Self>) -> FlatBuffer;
-    /// Whether this is f64 (a half-precision transfer widens back to it).
-    const WIDE: bool;
-    /// These values as f32 (what the lossy codecs encode); `None` for f64.
-    fn as_f32(v: &[Self]) -> Option<&[f32]>;
-    /// The same, to write.
-    fn as_f32_mut(v: &mut [Self]) -> Option<&mut [f32]>;
-}
-
-impl Wire for f32 {
-    fn transfer(pending: Pending<Self>) -> Transfer {
-        Transfer::F32(pending)
-    }
-    fn flat(values: Vec<Self>) -> FlatBuffer {
-        FlatBuffer::F32(values)
-    }
-    const WIDE: bool = false;
-    fn as_f32(v: &[Self]) -> Option<&[f32]> {
-        Some(v)
-    }
-    fn as_f32_mut(v: &mut [Self]) -> Option<&mut [f32]> {
-        Some(v)
-    }
-}
-
-impl Wire for f64 {
-    fn transfer(pending: Pending<Self>) -> Transfer {
-        Transfer::F64(pending)
-    }
-    fn flat(values: Vec<Self>) -> FlatBuffer {
-        FlatBuffer::F64(values)
-    }
-    const WIDE: bool = true;
-    fn as_f32(_: &[Self]) -> Option<&[f32]> {
-        None
-    }
-    fn as_f32_mut(_: &mut [Self]) -> Option<&mut [f32]> {
-        None
-    }
-}
-
-/// How one sync's pseudo-gradient travels: the averager's compression, and for a lossy codec
-/// the fragment's error feedback and the round (the outer-step count, which keys stochastic
-/// rounding).
-struct Lossy<'a> {
-    compression: Option<OuterCompression>,
-    feedback: Option<&'a mut ErrorFeedback>,
-    round: u64,
-}
-
-impl<'a> Lossy<'a> {
-    fn new(
-        compression: Option<OuterCompression>,
-        feedback: Option<&'a mut ErrorFeedback>,
-        round: u64,
-    ) -> Self {
-        Self {
-            compression,
-            feedback,
-            round,
-        }
-    }
-
-    /// Full precision.
-    fn none() -> Self {
-        Self::new(None, None, 0)
-    }
-
-    /// This rank's message for `d`: `d` plus the residual, encoded (the residual updated).
-    fn encode<T: Wire>(
-        &mut self,
-        spec: &CodecSpec,
-        d: &[T],
-        rank: usize,
-    ) -> Result<Vec<u8>, AveragerError> {
-        let d = T::as_f32(d).ok_or_else(|| {
-            AveragerError::Outer(format!(
-                "{} compression encodes f32 pseudo-gradients; these parameters are f64 \
-                 (valid: fp16, bf16 or none for f64 parameters)",
-                spec.codec
-            ))
-        })?;
-        let mut msg = Vec::with_capacity(message_len(spec, d.len()));
-        encode_with_feedback(
-            spec,
-            self.feedback.as_deref_mut(),
-            d,
-            self.round,
-            rank,
-            &mut msg,
-        )?;
-        Ok(msg)
-    }
-}
-
-/// The fragment's error feedback for a sync of `n` values (created at the first one), when
-/// `compression` is a lossy codec with error feedback.
-fn feedback_of(
-    slot: &mut Option<ErrorFeedback>,
-    compression: Option<OuterCompression>,
-    n: usize,
-) -> Option<&mut ErrorFeedback> {
-    match compression {
-        Some(OuterCompression::Lossy {
-            error_feedback: true,
-            ..
-        }) => Some(slot.get_or_insert_with(|| ErrorFeedback::new(n))),
-        _ => None,
-    }
-}
-
-/// The world's mean of the pseudo-gradient `d`: started on `side` (non-blocking) when given,
-/// else computed now.
-fn mean_delta<T: Wire>(
-    mut d: Vec<T>,
-    side: Option<&mut AsyncGroup>,
-    world: &Group,
-    codec: Lossy<'_>,
-) -> Result<Transfer, AveragerError> {
-    match side {
-        Some(side) => start_transfer(side, d, world, codec),
-        None => {
-            group_mean(world, &mut d, codec)?;
-            Ok(Transfer::Ready(T::flat(d)))
-        }
-    }
-}
-
-/// Start averaging `d` on `side` (in half precision: rounded once, divided and summed there,
-/// as [`group_mean`]; a lossy codec: this rank's message encoded now, every rank's gathered).
-fn start_transfer<T: Wire>(
-    side: &mut AsyncGroup,
-    d: Vec<T>,
-    world: &Group,
-    mut codec: Lossy<'_>,
-) -> Result<Transfer, AveragerError> {
-    Ok(match codec.compression {
-        Some(OuterCompression::Half(Precision::Fp16)) => Transfer::F16(
-            side.start_average(d.iter().map(|&x| x.to_f16()).collect())?,
-            T::WIDE,
-        ),
-        Some(OuterCompression::Half(Precision::Bf16)) => Transfer::Bf16(
-            side.start_average(d.iter().map(|&x| x.to_bf16()).collect())?,
-            T::WIDE,
-        ),
-        Some(OuterCompression::Lossy { spec, .. }) => {
-            let msg = codec.encode(&spec, &d, world.rank())?;
-            Transfer::Gathered {
-                pending: side.start_all_gather_bytes(msg)?,
-                spec,
-                n: d.len(),
-                world: world.size(),
-            }
-        }
-        None => T::transfer(side.start_average(d)?),
-    })
-}
-
 /// A fragment's (traversal index, element count) entries and its values.
 type Fragment = (Vec<(usize, usize)>, FlatBuffer);
 
@@ -1225,35 +929,6 @@ fn split_fragments(
     Ok(out)
 }
 
-/// `v` replaced by its mean over `world` (divide, then sum), on the wire as `codec` says. One
-/// rank sends nothing (the mean of one replica is itself); compression still rounds there, as
-/// the wire would.
-fn group_mean<T: Wire>(
-    world: &Group,
-    v: &mut [T],
-    mut codec: Lossy<'_>,
-) -> Result<(), AveragerError> {
-    match (codec.compression, world.size()) {
-        (None, 1) => {}
-        (None, _) => world.average_slice(v)?,
-        (Some(OuterCompression::Half(p)), 1) => round_to(v, p),
-        (Some(OuterCompression::Half(p)), _) => average_compressed(&**world, v, p)?,
-        (Some(OuterCompression::Lossy { spec, .. }), size) => {
-            let msg = codec.encode(&spec, v, world.rank())?;
-            let gathered = if size == 1 {
-                msg
-            } else {
-                let mut all = vec![0u8; msg.len() * size];
-                world.all_gather_bytes(&msg, &mut all)?;
-                all
-            };
-            let out = T::as_f32_mut(v).ok_or_else(type_changed)?;
-            mean_of_messages(&spec, &gathered, size, out.len(), out)?;
-        }
-    }
-    Ok(())
-}
-
 fn compression_needs_deltas(compression: Option<OuterCompression>) -> AveragerError {
     AveragerError::Outer(format!(
         "{} compression sends the pseudo-gradients θ − x_r compressed, which needs the \
@@ -1269,10 +944,6 @@ fn not_taken() -> AveragerError {
          every rank, with identical models, before the first optimizer step"
             .into(),
     )
-}
-
-fn type_changed() -> AveragerError {
-    AveragerError::Outer("θ and the outer optimizer's state disagree in element type".into())
 }
 
 /// (traversal index, element count) of every flattened parameter.
@@ -1329,11 +1000,24 @@ impl ModelAverager for OuterAverager {
         })
     }
 
-    fn outer(&self) -> Option<&OuterAverager> {
-        Some(self)
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 
-    fn outer_mut(&mut self) -> Option<&mut OuterAverager> {
-        Some(self)
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+}
+
+impl dyn ModelAverager + '_ {
+    /// The outer-optimizer averager behind this averager, for one (taking `θ`, SlowMo's inner
+    /// learning rate, its state); `None` for plain averaging.
+    pub fn outer(&self) -> Option<&OuterAverager> {
+        self.as_any().downcast_ref()
+    }
+
+    /// Mutable [`outer`](Self::outer).
+    pub fn outer_mut(&mut self) -> Option<&mut OuterAverager> {
+        self.as_any_mut().downcast_mut()
     }
 }

@@ -2,10 +2,10 @@
 //! and `slowmo_frequency`) and the schedule they make (see
 //! [`OuterAverager::slowmo`](super::OuterAverager::slowmo)).
 
-use super::OuterOptimizer;
-use crate::averager::{ModelAverager, check_state_config};
+use super::optimizer::OuterOptimizer;
 use crate::error::AveragerError;
-use crate::state::{AveragerConfig, AveragerState};
+use crate::schedule::Schedule;
+use crate::state::AveragerConfig;
 use localsgd_comm::Group;
 use serde::{Deserialize, Serialize};
 
@@ -166,50 +166,24 @@ impl SlowMoCadence {
 pub(crate) struct SlowMoSchedule {
     world: Group,
     cadence: SlowMoCadence,
-    step: u64,
 }
 
 impl SlowMoSchedule {
     pub(crate) fn new(cadence: SlowMoCadence, world: Group) -> Self {
-        Self {
-            world,
-            cadence,
-            step: 0,
-        }
+        Self { world, cadence }
+    }
+}
+
+impl Schedule for SlowMoSchedule {
+    fn group_at(&self, step: u64) -> Option<Group> {
+        (self.cadence.event(step) != SlowMoEvent::Local).then(|| self.world.clone())
     }
 
-    fn state_config(&self) -> AveragerConfig {
+    fn config(&self) -> AveragerConfig {
         AveragerConfig::SlowMo {
             localsgd_frequency: self.cadence.config.localsgd_frequency,
             slowmo_frequency: self.cadence.config.slowmo_frequency,
             warmup_steps: self.cadence.warmup,
         }
-    }
-}
-
-impl ModelAverager for SlowMoSchedule {
-    fn step(&self) -> u64 {
-        self.step
-    }
-
-    fn scheduled_group(&self) -> Option<Group> {
-        (self.cadence.event(self.step) != SlowMoEvent::Local).then(|| self.world.clone())
-    }
-
-    fn advance(&mut self) {
-        self.step += 1;
-    }
-
-    fn state(&self) -> AveragerState {
-        AveragerState {
-            step: self.step,
-            config: self.state_config(),
-        }
-    }
-
-    fn load_state(&mut self, state: &AveragerState) -> Result<(), AveragerError> {
-        check_state_config(&self.state_config(), state)?;
-        self.step = state.step;
-        Ok(())
     }
 }

@@ -1,9 +1,9 @@
 //! Streaming DiLoCo's settings and schedule (torchft's `DiLoCo` with several fragments,
 //! `fragment_sync_delay` and `fragment_update_alpha`; semantics §8.4 in the book).
 
-use crate::averager::{ModelAverager, check_state_config};
 use crate::error::AveragerError;
-use crate::state::{AveragerConfig, AveragerState};
+use crate::schedule::Schedule;
+use crate::state::AveragerConfig;
 use localsgd_comm::Group;
 use serde::{Deserialize, Serialize};
 
@@ -152,52 +152,26 @@ impl Cadence {
 pub(crate) struct StreamingSchedule {
     world: Group,
     cadence: Cadence,
-    step: u64,
 }
 
 impl StreamingSchedule {
     pub(crate) fn new(cadence: Cadence, world: Group) -> Self {
-        Self {
-            world,
-            cadence,
-            step: 0,
-        }
+        Self { world, cadence }
+    }
+}
+
+impl Schedule for StreamingSchedule {
+    fn group_at(&self, step: u64) -> Option<Group> {
+        let e = self.cadence.event(step);
+        (e.prepare.is_some() || e.perform.is_some()).then(|| self.world.clone())
     }
 
-    fn state_config(&self) -> AveragerConfig {
+    fn config(&self) -> AveragerConfig {
         AveragerConfig::Streaming {
             sync_every: self.cadence.config.sync_every,
             fragments: self.cadence.config.fragments,
             delay: self.cadence.config.delay,
             warmup_steps: self.cadence.warmup,
         }
-    }
-}
-
-impl ModelAverager for StreamingSchedule {
-    fn step(&self) -> u64 {
-        self.step
-    }
-
-    fn scheduled_group(&self) -> Option<Group> {
-        let e = self.cadence.event(self.step);
-        (e.prepare.is_some() || e.perform.is_some()).then(|| self.world.clone())
-    }
-
-    fn advance(&mut self) {
-        self.step += 1;
-    }
-
-    fn state(&self) -> AveragerState {
-        AveragerState {
-            step: self.step,
-            config: self.state_config(),
-        }
-    }
-
-    fn load_state(&mut self, state: &AveragerState) -> Result<(), AveragerError> {
-        check_state_config(&self.state_config(), state)?;
-        self.step = state.step;
-        Ok(())
     }
 }
