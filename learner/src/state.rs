@@ -42,7 +42,7 @@ pub struct RankState {
 
 /// The settings of `config` that a resume must keep besides the algorithm, as
 /// [`RankState::settings`] records them.
-pub(crate) fn fixed_settings(config: &crate::StrategyConfig) -> Vec<String> {
+pub(crate) fn fixed_settings(config: &crate::config::StrategyConfig) -> Vec<String> {
     vec![
         format!("buffers = {:?}", config.buffers),
         format!("clip_grad_norm = {:?}", config.clip_grad_norm),
