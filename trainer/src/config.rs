@@ -92,28 +92,6 @@ impl DeviceKind {
     }
 }
 
-/// How `diloco`/`slowmo` reduce the pseudo-gradient over the ranks (equal in exact arithmetic,
-/// they round differently).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "kebab-case")]
-pub enum OuterReduce {
-    /// Every rank computes `θ − x_r`; the ranks average those (torchft, OpenDiLoCo; `diloco`'s
-    /// default).
-    MeanOfDeltas,
-    /// The ranks average their parameters; every rank computes `θ − mean(x_r)` (fairscale; the
-    /// only one `slowmo` accepts).
-    DeltaOfMean,
-}
-
-impl From<OuterReduce> for PseudoGradient {
-    fn from(r: OuterReduce) -> Self {
-        match r {
-            OuterReduce::MeanOfDeltas => PseudoGradient::MeanOfDeltas,
-            OuterReduce::DeltaOfMean => PseudoGradient::DeltaOfMean,
-        }
-    }
-}
-
 /// How a lossy `outer-compression` rounds values to integers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
@@ -516,7 +494,7 @@ settings! {
         /// takes). Other algorithms refuse it. Part of the checkpoint identity.
         #[setting(type = "`mean-of-deltas` | `delta-of-mean`, optional", unset = "per algorithm")]
         #[arg(value_enum)]
-        outer_reduce: Option<OuterReduce> as OuterReduce = None,
+        outer_reduce: Option<PseudoGradient> as PseudoGradient = None,
         /// Send the pseudo-gradients of `diloco` and `streaming-diloco` compressed: in half
         /// precision, or quantized or sparsified by a lossy codec.
         ///
@@ -1093,7 +1071,7 @@ impl TrainConfig {
             lr: self.outer_lr,
             momentum: self.outer_momentum,
             nesterov: self.outer_nesterov,
-            reduce: self.outer_reduce.map(Into::into),
+            reduce: self.outer_reduce,
             compression: self
                 .outer_compression
                 .and_then(OuterCompressionKind::compression),

@@ -8,13 +8,14 @@ use serde::{Deserialize, Serialize};
 /// How the pseudo-gradient is reduced over the group (semantics §8.2). Equal in exact arithmetic,
 /// they round differently (bitwise equal on dyadic data, vector V9).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "kebab-case")]
 pub enum PseudoGradient {
-    /// Variant A (torchft, OpenDiLoCo, hivemind): every rank computes `θ − x_r`; the group
-    /// averages those.
+    /// Variant A (torchft, OpenDiLoCo, hivemind): every rank computes `θ − x_r`; the ranks
+    /// average those (`diloco`'s default).
     MeanOfDeltas,
-    /// Variant B (fairscale): the group averages the parameters; every rank computes
-    /// `θ − mean(x_r)`.
+    /// Variant B (fairscale): the ranks average their parameters; every rank computes
+    /// `θ − mean(x_r)` (the only one `slowmo` accepts).
     DeltaOfMean,
 }
 
