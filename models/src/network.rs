@@ -64,6 +64,13 @@ pub trait Objective: Module {
     fn batch_eval(&self, x: Tensor<2>, labels: &[u32]) -> Result<BatchEval, String>;
 }
 
+/// The mean loss of a model on a batch: cross-entropy of a classifier's logits (PyTorch's
+/// `CrossEntropyLoss()` default), or a language model's mean next-byte cross-entropy.
+pub fn loss<M: Objective>(model: &M, batch: &(Tensor<2>, Tensor<1, Int>)) -> Tensor<1> {
+    let (x, y) = batch;
+    model.batch_loss(x.clone(), y.clone())
+}
+
 impl<M: Classify> Objective for M {
     fn batch_loss(&self, x: Tensor<2>, y: Tensor<1, Int>) -> Tensor<1> {
         let logits = self.logits(x);

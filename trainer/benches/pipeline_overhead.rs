@@ -28,8 +28,8 @@ use localsgd_comm::params::{ParamSelection, flatten_params, write_params};
 use localsgd_comm::{Group, ThreadWorld};
 use localsgd_hooks::{AllReduceHook, BucketCaps, GradientReducer};
 use localsgd_models::mlp::{Mlp, MlpConfig};
+use localsgd_models::network::loss;
 use localsgd_pipeline::pipeline::{BatchSource, Outcome, Pipeline, PipelineOptions, SourceError};
-use localsgd_trainer::run::loss;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 

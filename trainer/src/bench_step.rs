@@ -163,7 +163,7 @@ fn measure(
         model,
         || optimizer.clone(),
         cfg.lr,
-        run::loss,
+        localsgd_models::network::loss,
         batch,
         settings,
         peers,

@@ -519,13 +519,6 @@ pub fn lr_schedule(cfg: &TrainConfig, iterations: u64) -> LrSchedule {
     }
 }
 
-/// The mean loss of a model on a batch: cross-entropy of a classifier's logits (PyTorch's
-/// `CrossEntropyLoss()` default), or a language model's mean next-byte cross-entropy.
-pub fn loss<M: Objective>(model: &M, batch: &(Tensor<2>, Tensor<1, Int>)) -> Tensor<1> {
-    let (x, y) = batch;
-    model.batch_loss(x.clone(), y.clone())
-}
-
 /// A model's test accuracy and loss.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Evaluation {
@@ -926,7 +919,7 @@ fn train_from(
         if let Some(f) = mid_step.take() {
             fail_mid_step(f, &group);
         }
-        loss(m, b)
+        localsgd_models::network::loss(m, b)
     };
     state.iteration = pipeline.iteration();
     while pipeline.iteration() < total {

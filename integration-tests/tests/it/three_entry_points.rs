@@ -113,7 +113,7 @@ impl Net {
     }
 
     fn classify(&self, batch: Batch) -> ClassificationOutput {
-        let loss = run::loss(self, &(batch.x.clone(), batch.y.clone()));
+        let loss = localsgd_models::network::loss(self, &(batch.x.clone(), batch.y.clone()));
         let logits = self.logits(batch.x);
         ClassificationOutput::new(loss, logits, batch.y)
     }
@@ -201,7 +201,8 @@ fn pipeline_loop(cfg: &TrainConfig, spec: &AlgorithmSpec, data: &TrainTest) -> V
                 pipeline = pipeline.with_averager(averager);
             }
             let batches = shard_batches(cfg, &data.train, group.rank());
-            let loss = |m: &Net, b: &(Tensor<2>, Tensor<1, Int>)| run::loss(m, b);
+            let loss =
+                |m: &Net, b: &(Tensor<2>, Tensor<1, Int>)| localsgd_models::network::loss(m, b);
             let mut model = Net::new(cfg, data, &device);
             for _ in 0..EPOCHS {
                 let mut source = IterSource(

@@ -3,6 +3,12 @@
 
 mod checkpoint_resume;
 mod checkpoint_retention;
+mod compressed_averages;
 mod fused;
 mod fused_optim;
+mod lr_schedule;
+mod outer_pipeline;
+mod pipeline_phases;
+mod pipeline_start;
+mod race;
 mod run_epoch;

@@ -12,8 +12,8 @@ use localsgd_comm::params::{FlatBuffer, ParamSelection, flatten_params, write_pa
 use localsgd_comm::{Group, ThreadWorld};
 use localsgd_hooks::{AllReduceHook, GradientReducer};
 use localsgd_models::mlp::{Mlp, MlpConfig};
+use localsgd_models::network::loss;
 use localsgd_pipeline::pipeline::{BufferPolicy, IterSource, Outcome, Pipeline, PipelineOptions};
-use localsgd_trainer::run::loss;
 
 type Batch = (Tensor<2>, Tensor<1, Int>);
 

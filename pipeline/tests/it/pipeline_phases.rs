@@ -4,13 +4,13 @@ use burn::tensor::{Device, Int, Tensor};
 use localsgd_comm::ThreadWorld;
 use localsgd_models::data::{Dataset, synthetic};
 use localsgd_models::mlp::{Mlp, MlpConfig};
+use localsgd_models::network::loss;
 use localsgd_pipeline::algorithm::{AlgorithmSpec, build};
 use localsgd_pipeline::pipeline::{
     BatchSource, ITERATION_ORDER, IterSource, Outcome, Phase, Pipeline, PipelineError,
     PipelineOptions, SourceError,
 };
-use localsgd_trainer::config::{AlgorithmKind, Compression, PipelineBuckets};
-use localsgd_trainer::run::loss;
+use localsgd_pipeline::settings::{AlgorithmKind, Compression, PipelineBuckets};
 use std::sync::{Arc, Mutex};
 
 type Batch = (Tensor<2>, Tensor<1, Int>);

@@ -16,7 +16,7 @@ use localsgd_comm::ThreadWorld;
 use localsgd_comm::params::{FlatBuffer, ParamSelection, flatten_params};
 use localsgd_pipeline::algorithm::{AlgorithmSpec, build};
 use localsgd_pipeline::pipeline::{IterSource, Outcome, Pipeline, PipelineOptions};
-use localsgd_trainer::config::{AlgorithmKind, Compression, OuterSettings, PipelineBuckets};
+use localsgd_pipeline::settings::{AlgorithmKind, Compression, OuterSettings, PipelineBuckets};
 
 const N: usize = 16;
 const WORLD: usize = 4;

@@ -10,8 +10,8 @@ use localsgd_comm::params::ParamSelection;
 use localsgd_comm::{CommError, GroupExt, ThreadWorld};
 use localsgd_models::data::synthetic;
 use localsgd_models::mlp::{Mlp, MlpConfig};
+use localsgd_models::network::loss;
 use localsgd_pipeline::pipeline::{IterSource, Outcome, Pipeline, PipelineOptions};
-use localsgd_trainer::run::loss;
 use std::time::Duration;
 
 type Batch = (Tensor<2>, Tensor<1, Int>);
