@@ -33,6 +33,9 @@ CASES = [
     ("adam-small-beta1", "adam", {"betas": (0.3, 0.99), "eps": 1e-6}),
     ("adamw", "adamw", {}),
     ("adamw-decay", "adamw", {"weight_decay": 0.1, "betas": (0.8, 0.95)}),
+    # nanoGPT's `configure_optimizers`: decay only the parameters of 2 or more dimensions
+    # (matrices, embeddings), not biases and LayerNorm weights.
+    ("adamw-decay-matrices", "adamw", {"weight_decay": 0.1, "decay_matrices_only": True}),
 ]
 
 
@@ -41,6 +44,13 @@ def bits(t):
 
 
 def optimizer(kind, params, settings):
+    settings = dict(settings)
+    if settings.pop("decay_matrices_only", False):
+        decay = settings.pop("weight_decay")
+        params = [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
     if kind == "sgd":
         return torch.optim.SGD(params, lr=LRS[0], **settings)
     if kind == "adam":
@@ -76,7 +86,13 @@ def main():
                         "moment_2": bits(s["exp_avg_sq"]),
                     })
             steps.append({"params": [bits(p) for p in params], "state": state})
-        cases.append({"name": name, "kind": kind, "settings": settings, "steps": steps})
+        cases.append({
+            "name": name,
+            "kind": kind,
+            "settings": settings,
+            "torch": torch.__version__,
+            "steps": steps,
+        })
     json.dump(
         {
             "torch": torch.__version__,

@@ -790,6 +790,13 @@ settings! {
         #[setting(type = "number ≥ 0, optional", unset = "per optimizer")]
         #[arg(allow_negative_numbers = true)]
         weight_decay: Option<f64> as f64 = None,
+        /// Decay only parameters of two or more dimensions: weight matrices and embeddings, not
+        /// biases and LayerNorm weights.
+        ///
+        /// nanoGPT's `configure_optimizers` (two PyTorch parameter groups); for `adam` and
+        /// `adamw`. `false`: every parameter, as PyTorch's `AdamW(model.parameters())`.
+        #[setting(type = "bool")]
+        weight_decay_matrices_only: bool = false,
         /// Clip the gradients' global L2 norm to this value before each optimizer step; 0: no
         /// clipping.
         ///
@@ -1576,6 +1583,14 @@ impl TrainConfig {
                     ),
                 ));
             }
+        }
+        if self.optimizer == OptimizerKind::Sgd && self.weight_decay_matrices_only {
+            out.push(bad(
+                "weight-decay-matrices-only",
+                true,
+                "false: only `optimizer` = adam or adamw splits the weight decay by parameter \
+                 shape, and this run's `optimizer` is sgd",
+            ));
         }
         if self.optimizer != OptimizerKind::Sgd && self.momentum != d.momentum {
             out.push(bad(

@@ -486,11 +486,13 @@ pub fn optimizer(cfg: &TrainConfig) -> Result<ModuleOptimizer, OptimError> {
         .init(),
         OptimizerKind::Adam => FusedAdamConfig {
             weight_decay,
+            decay_matrices_only: cfg.weight_decay_matrices_only,
             ..FusedAdamConfig::adam()
         }
         .init(),
         OptimizerKind::Adamw => FusedAdamConfig {
             weight_decay: cfg.weight_decay.unwrap_or(0.01),
+            decay_matrices_only: cfg.weight_decay_matrices_only,
             ..FusedAdamConfig::adamw()
         }
         .init(),

@@ -34,6 +34,11 @@ pub struct FusedAdamConfig {
     pub weight_decay: f64,
     /// AdamW's decoupled weight decay instead of Adam's L2 penalty.
     pub decoupled_weight_decay: bool,
+    /// Decay only parameters of two or more dimensions (weight matrices, embeddings), not
+    /// biases and LayerNorm weights: nanoGPT's `configure_optimizers`, two PyTorch parameter
+    /// groups. `false` (PyTorch's `AdamW(model.parameters())`): every parameter.
+    #[serde(default)]
+    pub decay_matrices_only: bool,
 }
 
 impl FusedAdamConfig {
@@ -45,6 +50,7 @@ impl FusedAdamConfig {
             eps: 1e-8,
             weight_decay: 0.0,
             decoupled_weight_decay: false,
+            decay_matrices_only: false,
         }
     }
 
@@ -91,22 +97,27 @@ impl FusedAdam {
         &self.config
     }
 
-    /// The scalars of step `t` (from 1) at `lr`, computed in f64 as PyTorch computes them in
-    /// Python floats, then applied in f32.
-    pub(super) fn scalars(&self, lr: LearningRate, t: usize) -> AdamScalars {
+    /// The scalars of step `t` (from 1) at `lr` for a parameter of `dims` dimensions, computed
+    /// in f64 as PyTorch computes them in Python floats, then applied in f32.
+    pub(super) fn scalars(&self, lr: LearningRate, t: usize, dims: usize) -> AdamScalars {
         let c = &self.config;
         let t = t as f64;
         let bias_correction1 = 1.0 - c.beta_1.powf(t);
         let bias_correction2 = 1.0 - c.beta_2.powf(t);
-        let decay = c.weight_decay != 0.0;
+        let weight_decay = if c.decay_matrices_only && dims < 2 {
+            0.0
+        } else {
+            c.weight_decay
+        };
+        let decay = weight_decay != 0.0;
         AdamScalars {
             coupled_decay: if decay && !c.decoupled_weight_decay {
-                c.weight_decay as f32
+                weight_decay as f32
             } else {
                 0.0
             },
             decay_factor: (decay && c.decoupled_weight_decay)
-                .then_some((1.0 - lr * c.weight_decay) as f32),
+                .then_some((1.0 - lr * weight_decay) as f32),
             lerp_weight: (1.0 - c.beta_1) as f32,
             beta2: c.beta_2 as f32,
             one_minus_beta2: (1.0 - c.beta_2) as f32,
@@ -128,7 +139,7 @@ impl Optimizer for FusedAdam {
         state: Option<Self::State<D>>,
     ) -> (Tensor<D>, Option<Self::State<D>>) {
         let time = state.as_ref().map_or(0, |s| s.time) + 1;
-        let s = self.scalars(lr, time);
+        let s = self.scalars(lr, time, D);
         let on_host = host(&tensor)
             && host(&grad)
             && state

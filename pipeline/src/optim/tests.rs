@@ -82,7 +82,7 @@ fn adam_tensor_operations_agree_with_the_fused_pass() {
         let (mut ops, mut ops_state): (Tensor<1>, Option<AdamState<1>>) = (start(), None);
         for step in 0..4 {
             (fused, fused_state) = adam.step(0.01, fused, grad(step), fused_state);
-            let s = adam.scalars(0.01, step + 1);
+            let s = adam.scalars(0.01, step + 1, 2);
             (ops, ops_state) = adam.step_tensors(s, step + 1, ops, grad(step), ops_state);
             assert_close(&format!("{config:?} step {step}"), &fused, &ops);
         }

@@ -113,6 +113,10 @@ fn fused(kind: &str, settings: &Value) -> Fused {
             if let Some(wd) = setting(settings, "weight_decay") {
                 config.weight_decay = wd;
             }
+            config.decay_matrices_only = settings
+                .get("decay_matrices_only")
+                .and_then(Value::as_bool)
+                .unwrap_or(false);
             Fused::Adam(config.build().expect("valid Adam settings"))
         }
     }
@@ -209,7 +213,7 @@ fn check_against_pytorch(device: &Device) {
     let initial = reference["initial"].as_array().expect("initial");
     let grads = reference["grads"].as_array().expect("grads");
     let cases = reference["cases"].as_array().expect("cases");
-    assert_eq!(cases.len(), 10, "every case of the reference script");
+    assert_eq!(cases.len(), 11, "every case of the reference script");
     for case in cases {
         let name = case["name"].as_str().expect("a name");
         let kind = case["kind"].as_str().expect("a kind");

@@ -130,6 +130,13 @@ fn settings_the_run_would_not_use_are_refused() {
             ],
         ),
         (
+            vec!["--optimizer", "sgd", "--weight-decay-matrices-only", "true"],
+            &[
+                "invalid setting `weight-decay-matrices-only` = true",
+                "this run's `optimizer` is sgd",
+            ],
+        ),
+        (
             vec!["--steps", "10", "--epochs", "3"],
             &["invalid setting `epochs` = 3", "`steps` = 10 ends the run"],
         ),
