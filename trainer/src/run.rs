@@ -1,5 +1,21 @@
 //! A complete training run of one of the built-in models (MLP, CNN or GPT), as the `localsgd` binary does it: data, model,
 //! algorithm, pipeline, checkpoints, metrics and evaluation, on every rank.
+//!
+//! `run_rank` is the whole per-rank run for any `Group` (`train_worker`, then totals
+//! gathered once by `RunTotals::gather`); `train_worker` loops over `run_iteration`, with fault
+//! injection (`fault.rs`), checkpoint publishing and test-set evaluations between iterations.
+//! With `on-rank-failure = "continue"`, `run_rank` catches a peer's failure, shrinks the group
+//! and starts `train_worker`'s body again on the survivors from the last published checkpoint,
+//! each from its own saved file (`Start::ResumeFrom`): a failure is handled as a resume on
+//! another number of ranks, the one code path `resume-ranks` also takes (book: Fault
+//! tolerance). `RankState` carries what spans worlds (faults left, membership changes, samples,
+//! traffic, the loss curve). With `"replace"` the survivors then `grow` the group back and the
+//! lowest live rank hands each new rank (which starts in `receive_handover`) a `Handover` and
+//! the failed rank's file of that checkpoint over `broadcast_bytes`; the new rank resumes from
+//! those bytes (`Start::Received`, `Checkpoints::resume_received`) and everyone continues at
+//! full size. `compute_device` / `device_on_host`: the device a rank computes on (`device`:
+//! burn's `flex`, its CUDA backend, or its LibTorch backend on the CPU or a GPU with LibTorch's
+//! intra-op threads shared out among the host's ranks).
 
 use crate::config::{
     Backend, DatasetKind, DeviceKind, LrScheduleKind, ModelKind, OptimizerKind, PipelineBuckets,

@@ -26,6 +26,31 @@
 //! assert_eq!(out[2], Ok(Ok(2.0)));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! How a collective runs and a world changes:
+//!
+//! `ThreadWorld::new(W).run(f)` runs `f` on W threads, each with
+//! its own `ThreadGroup`. A collective is two barriers around shared-memory work: each rank publishes
+//! its signature and buffer address and enters the barrier (spin briefly, then park; the wait times
+//! out naming the ranks that did not arrive); every rank compares all signatures; for an all-reduce,
+//! rank r reduces chunk r across all peers in rank order (so every rank gets bit-identical results)
+//! and writes it into every peer's buffer — no central copy; the exit barrier keeps buffers alive
+//! until all peers are done. A dropped handle (also in a panic) marks its rank gone, and pending and
+//! later collectives fail with `PeerFailed`. Threads of one rank sharing a handle are serialized per
+//! handle, and an interleaving that differs between ranks is a mismatch error. The failed group stays
+//! failed; its survivors call `shrink()` (ULFM's `MPIX_Comm_shrink`), which waits, under the group timeout, until every rank that has not left
+//! has called it, then hands them all one new group of themselves in their old order, charging the
+//! old group's traffic counters; each group shrinks once, and `ThreadWorld::run_each` keeps the
+//! survivors' results next to the failed rank's panic. (MPI shrinks through ULFM, below; NCCL
+//! returns `Unsupported`.) `grow(ranks)` adds members back: the new group's shared state is made
+//! once (through the split registry) and a handle per new rank, marked `joined`, goes down a
+//! channel to `run_each`'s own thread, which starts a worker running the world's closure on it
+//! (so only a world run by `run_each` grows; the channel lives in the world's `Rendezvous` and
+//! those that replace it). MPI grows in `mpi/spawn.rs`: `MPI_Comm_spawn` of the running program,
+//! `MPI_Intercomm_merge`, the members' world ranks sent to the new processes, `MPI_Comm_split`
+//! ordered by world rank; a spawned process does its side in `MpiWorld::init`
+//! (`MPI_Comm_get_parent`), and its runtime, like the members', frees every communicator before
+//! leaving (`exit_after_failure`), the spawned one then calling `MPI_Finalize`.
 
 mod group;
 mod reduce;

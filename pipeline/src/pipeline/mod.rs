@@ -6,6 +6,15 @@
 //! is run by [`Pipeline::run_iteration`] and nowhere else, so every rank issues the same
 //! collectives in the same order — averaging can never race with another collective the way an
 //! "average inside `optimizer.step()`" design can (the book's semantics §5).
+//!
+//! A fresh run broadcasts rank 0's parameters and buffers before its first
+//! iteration (as DDP does at construction); the buffer policy broadcasts rank 0's buffers in the
+//! has-data phase or averages them in the averaging phase. Gradient accumulation at an epoch's end
+//! (semantics §5.1) is decided in the fetch and has-data phases. With an outer averager, `θ` is taken
+//! in iteration 0's forward/backward phase, SlowMo gets the inner learning rate in the optimizer
+//! phase, and the outer step runs in the averaging phase. A pending overlapped average is completed
+//! (not applied) and saved by the checkpoint phase, and applied by `Pipeline::finish` after the last
+//! iteration.
 
 pub(crate) mod error;
 mod inner;
