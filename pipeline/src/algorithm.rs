@@ -206,11 +206,11 @@ impl AlgorithmSpec {
                 }
                 (false, Some(c)) if *o == OuterSettings::averaging(c) => {
                     return Err(SettingError::new(
-                        "outer-compression",
+                        "average-compression",
                         compression,
                         format!(
                             "unset: `{}` averages no models (outer settings apply to `diloco`, \
-                             `streaming-diloco` and `slowmo`, and `outer-compression` to the \
+                             `streaming-diloco` and `slowmo`, and `average-compression` to the \
                              averages of `local-sgd`, `post-local-sgd` and `hierarchical`)",
                             self.kind.name()
                         ),
@@ -234,7 +234,7 @@ impl AlgorithmSpec {
                     "overlap",
                     self.overlap,
                     format!(
-                        "0 with `outer-compression` = {compression}: a compressed average is \
+                        "0 with `average-compression` = {compression}: a compressed average is \
                          applied at its own step (its delta is measured from the last average)"
                     ),
                 ));
@@ -404,17 +404,17 @@ impl AlgorithmSpec {
         let outer = match &self.outer {
             None => String::new(),
             Some(o) => {
-                // Half precision as checkpoints have always recorded it (`outer_compression=fp16`);
+                // Half precision as checkpoints have always recorded it (`average_compression=fp16`);
                 // a lossy codec with its chunk, rounding and error feedback (not the stochastic
                 // rounding's seed: the run's seed, which the identity leaves out).
                 let compression = match o.compression {
-                    Some(OuterCompression::Half(p)) => format!(" outer_compression={p}"),
+                    Some(OuterCompression::Half(p)) => format!(" average_compression={p}"),
                     Some(OuterCompression::Lossy {
                         spec,
                         error_feedback,
                     }) => format!(
-                        " outer_compression={} outer_compression_chunk={} outer_rounding={} \
-                         outer_error_feedback={error_feedback}",
+                        " average_compression={} average_compression_chunk={} average_rounding={} \
+                         average_error_feedback={error_feedback}",
                         spec.codec,
                         spec.chunk,
                         rounding_name(spec.rounding)
@@ -537,7 +537,7 @@ pub fn build(spec: &AlgorithmSpec, world: &Group) -> Result<AlgorithmParts, Pipe
             spec.compression,
         ))
     };
-    // An averaging algorithm's averages: plain, or with `outer-compression` each rank's delta
+    // An averaging algorithm's averages: plain, or with `average-compression` each rank's delta
     // from the last average sent compressed and applied as an outer SGD(lr 1) step on the same
     // schedule (semantics §11.2). θ, the last average, is the model where the local steps
     // start: after the warmup's gradient all-reduces, or (local SGD, whose replicas step alone
@@ -714,8 +714,8 @@ mod tests {
                     reduce=MeanOfDeltas";
         for (text, suffix) in [
             ("none", ""),
-            ("fp16", " outer_compression=fp16"),
-            ("bf16", " outer_compression=bf16"),
+            ("fp16", " average_compression=fp16"),
+            ("bf16", " average_compression=bf16"),
         ] {
             let spec = diloco_with(OuterOptions {
                 compression: kind(text),
@@ -735,8 +735,8 @@ mod tests {
         .unwrap();
         assert!(
             spec.identity().ends_with(
-                " outer_compression=topk:0.01+int8 outer_compression_chunk=1024 \
-                 outer_rounding=nearest outer_error_feedback=true"
+                " average_compression=topk:0.01+int8 average_compression_chunk=1024 \
+                 average_rounding=nearest average_error_feedback=true"
             ),
             "{}",
             spec.identity()
@@ -763,8 +763,8 @@ mod tests {
         // The seed is the run's, which the identity leaves out.
         assert!(
             spec.identity().ends_with(
-                " outer_compression=int4 outer_compression_chunk=64 \
-                 outer_rounding=stochastic outer_error_feedback=false"
+                " average_compression=int4 average_compression_chunk=64 \
+                 average_rounding=stochastic average_error_feedback=false"
             ),
             "{}",
             spec.identity()
@@ -780,7 +780,7 @@ mod tests {
                 error_feedback: Some(false),
                 ..OuterOptions::default()
             }),
-            "invalid setting `outer-error-feedback` = false: unset with `outer-compression` = \
+            "invalid setting `average-error-feedback` = false: unset with `average-compression` = \
              fp16: chunks, rounding and error feedback are the lossy codecs' (`int8`, `int4`, \
              `topk:F`, `topk:F+int8`, `topk:F+int4`)"
         );
@@ -789,7 +789,7 @@ mod tests {
                 compression_chunk: Some(64),
                 ..OuterOptions::default()
             })
-            .starts_with("invalid setting `outer-compression-chunk` = 64: unset with `outer-compression` = none")
+            .starts_with("invalid setting `average-compression-chunk` = 64: unset with `average-compression` = none")
         );
         assert!(
             err(OuterOptions {
@@ -797,7 +797,7 @@ mod tests {
                 rounding: Some(Rounding::Stochastic { seed: 0 }),
                 ..OuterOptions::default()
             })
-            .starts_with("invalid setting `outer-rounding` = stochastic: `nearest` (or unset) with `outer-compression` = topk:0.5")
+            .starts_with("invalid setting `average-rounding` = stochastic: `nearest` (or unset) with `average-compression` = topk:0.5")
         );
         assert_eq!(
             err(OuterOptions {
@@ -805,7 +805,7 @@ mod tests {
                 compression_chunk: Some(0),
                 ..OuterOptions::default()
             }),
-            "invalid setting `outer-compression-chunk` = 0: codec chunk 0 is invalid (valid: \
+            "invalid setting `average-compression-chunk` = 0: codec chunk 0 is invalid (valid: \
              chunk >= 1)"
         );
         assert!(
@@ -814,7 +814,9 @@ mod tests {
                 compression_chunk: Some(65537),
                 ..OuterOptions::default()
             })
-            .contains("`outer-compression-chunk` = 65537: codec chunk 65537 is too large for topk")
+            .contains(
+                "`average-compression-chunk` = 65537: codec chunk 65537 is too large for topk"
+            )
         );
         // 65536 is the largest top-k chunk; int8 takes any.
         diloco_with(OuterOptions {
@@ -845,12 +847,12 @@ mod tests {
         };
         assert!(
             slowmo("topk:0.01+int4").starts_with(
-                "invalid setting `outer-compression` = topk:0.01+int4: `none` with `delta-of-mean`"
+                "invalid setting `average-compression` = topk:0.01+int4: `none` with `delta-of-mean`"
             ),
             "{}",
             slowmo("topk:0.01+int4")
         );
-        assert!(slowmo("bf16").starts_with("invalid setting `outer-compression` = bf16: "));
+        assert!(slowmo("bf16").starts_with("invalid setting `average-compression` = bf16: "));
         // The averaging algorithms take the codec settings, by the same rules; DDP none.
         let averaging = |kind, options: OuterOptions| {
             OuterSettings::resolve(kind, 4, &[], &options).map_err(|e| e.to_string())
@@ -865,7 +867,7 @@ mod tests {
         .unwrap_err();
         assert!(
             err.starts_with(
-                "invalid setting `outer-error-feedback` = true: unset with `outer-compression` = none"
+                "invalid setting `average-error-feedback` = true: unset with `average-compression` = none"
             ),
             "{err}"
         );
@@ -895,7 +897,7 @@ mod tests {
         let err = averaging(AlgorithmKind::Ddp, int4).unwrap_err();
         assert!(
             err.starts_with(
-                "invalid setting `outer-compression` = int4: unset: outer settings apply"
+                "invalid setting `average-compression` = int4: unset: outer settings apply"
             ),
             "{err}"
         );
@@ -928,7 +930,7 @@ mod tests {
             spec.validate(2)
                 .unwrap_err()
                 .to_string()
-                .starts_with("invalid setting `overlap` = 2: 0 with `outer-compression` = int8"),
+                .starts_with("invalid setting `overlap` = 2: 0 with `average-compression` = int8"),
         );
         spec.overlap = 0;
         spec.outer = Some(OuterSettings::diloco());
@@ -943,7 +945,7 @@ mod tests {
             localsgd_comm::Precision::Fp16,
         )));
         assert!(ddp.validate(2).unwrap_err().to_string().starts_with(
-            "invalid setting `outer-compression` = fp16: unset: `ddp` averages no models"
+            "invalid setting `average-compression` = fp16: unset: `ddp` averages no models"
         ));
         ddp.outer = Some(OuterSettings::diloco());
         let err = ddp.validate(2).unwrap_err().to_string();
@@ -970,13 +972,13 @@ mod tests {
             spec.validate(2)
                 .unwrap_err()
                 .to_string()
-                .starts_with("invalid setting `outer-compression-chunk` = 0: ")
+                .starts_with("invalid setting `average-compression-chunk` = 0: ")
         );
         let mut slowmo = AlgorithmSpec::slowmo(3, 48);
         outer_mut(&mut slowmo).compression = Some(Precision::Fp16.into());
         assert_eq!(outer_mut(&mut slowmo).reduce, PseudoGradient::DeltaOfMean);
         assert!(slowmo.validate(2).unwrap_err().to_string().starts_with(
-            "invalid setting `outer-compression` = fp16: `none` with `delta-of-mean`"
+            "invalid setting `average-compression` = fp16: `none` with `delta-of-mean`"
         ));
     }
 
@@ -985,7 +987,7 @@ mod tests {
     }
 
     #[test]
-    fn outer_compression_parses_names_and_codecs_and_names_bad_values() {
+    fn average_compression_parses_names_and_codecs_and_names_bad_values() {
         for text in [
             "none",
             "fp16",
@@ -1013,12 +1015,12 @@ mod tests {
         };
         assert_eq!(
             err("fp32"),
-            "invalid setting `outer-compression` = fp32: one of `none`, `fp16`, `bf16`, `int8`, \
+            "invalid setting `average-compression` = fp32: one of `none`, `fp16`, `bf16`, `int8`, \
              `int4`, `topk:F`, `topk:F+int8`, `topk:F+int4` (0 < F <= 1)"
         );
         assert_eq!(
             err("topk:1.5"),
-            "invalid setting `outer-compression` = topk:1.5: topk fraction 1.5 is outside (0, 1] \
+            "invalid setting `average-compression` = topk:1.5: topk fraction 1.5 is outside (0, 1] \
              (valid: topk:F with 0 < F <= 1, optionally +int8 or +int4)"
         );
         assert!(err("topk:0.1+int2").contains("unknown topk quantizer \"int2\""));

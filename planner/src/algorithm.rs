@@ -21,7 +21,7 @@ pub enum Algorithm {
         /// behind the next `overlap` iterations' compute, and the first one also creates the
         /// helper's communicator (one 8-byte control collective). 0 with `compression`.
         overlap: u64,
-        /// The averages' wire format (`outer-compression`; `None`: the f32 parameters, 4 bytes
+        /// The averages' wire format (`average-compression`; `None`: the f32 parameters, 4 bytes
         /// a parameter): each average sends the delta from the last one, as [`Algorithm::Outer`]
         /// sends its pseudo-gradient: half precision all-reduced (2 bytes a parameter), or a
         /// lossy codec's messages of [`OuterCompression::wire_bytes`] all-gathered.
@@ -33,7 +33,7 @@ pub enum Algorithm {
         /// the world.
         levels: Vec<Level>,
         /// The wire format of the averages of the level whose group is the world
-        /// (`outer-compression`; `None`: f32), as [`Algorithm::Periodic`]'s; the levels of
+        /// (`average-compression`; `None`: f32), as [`Algorithm::Periodic`]'s; the levels of
         /// smaller groups always all-reduce the f32 parameters.
         compression: Option<OuterCompression>,
     },
@@ -48,7 +48,7 @@ pub enum Algorithm {
         /// SlowMo's slow step (`slowmo`) rather than DiLoCo's outer SGD (`diloco`); the
         /// traffic is the same.
         slowmo: bool,
-        /// The pseudo-gradients' wire format (`outer-compression`; `None`: f32, 4 bytes a
+        /// The pseudo-gradients' wire format (`average-compression`; `None`: f32, 4 bytes a
         /// parameter): half precision all-reduced (2 bytes a parameter), or a lossy codec's
         /// messages of [`OuterCompression::wire_bytes`] all-gathered.
         compression: Option<OuterCompression>,

@@ -98,7 +98,7 @@ pub struct PlanInputs {
     /// (`None`: f32): half precision, or a lossy codec (its bytes per sync
     /// [`OuterCompression::wire_bytes`], all-gathered). Also the recommendations' averages.
     /// Refused where every algorithm named is ddp, which has nothing to compress.
-    pub outer_compression: Option<OuterCompression>,
+    pub average_compression: Option<OuterCompression>,
     /// Pipelined gradient sync.
     pub pipelined: bool,
     /// Target share of communication in a steady iteration, for the recommendations.
@@ -135,7 +135,7 @@ impl Default for PlanInputs {
             warmup: 0,
             log_every: 0,
             compressed: false,
-            outer_compression: None,
+            average_compression: None,
             pipelined: true,
             target_comm_share: 0.1,
             steps: None,
@@ -155,10 +155,10 @@ pub struct Plan {
     /// Every algorithm asked for, in order, with its figures.
     pub predictions: Vec<(Algorithm, Prediction)>,
     /// The smallest post-local SGD period (up to 4096) that meets the target share, its
-    /// averages in [`PlanInputs::outer_compression`] ([`recommend_period`]).
+    /// averages in [`PlanInputs::average_compression`] ([`recommend_period`]).
     pub recommended_period: Option<u64>,
     /// Two hierarchical levels that meet the target share, the world's averages in
-    /// [`PlanInputs::outer_compression`] ([`recommend_levels`]); `None` without a host level or
+    /// [`PlanInputs::average_compression`] ([`recommend_levels`]); `None` without a host level or
     /// when no pair meets it.
     pub recommended_levels: Option<Vec<Level>>,
 }
@@ -205,14 +205,14 @@ impl PlanInputs {
         if self.params == 0 {
             return Err(invalid_input("params", 0, "at least 1 parameter"));
         }
-        if let Some(c) = self.outer_compression
+        if let Some(c) = self.average_compression
             && let (Err(e), OuterCompression::Lossy { spec, .. }) = (c.validate(), c)
         {
             return Err(match e {
                 CodecError::ZeroChunk | CodecError::ChunkTooLarge { .. } => {
-                    invalid_input("outer-compression-chunk", spec.chunk, &e.to_string())
+                    invalid_input("average-compression-chunk", spec.chunk, &e.to_string())
                 }
-                e => invalid_input("outer-compression", spec.codec, &e.to_string()),
+                e => invalid_input("average-compression", spec.codec, &e.to_string()),
             });
         }
         let cluster = self.cluster()?;
@@ -231,7 +231,7 @@ impl PlanInputs {
             .collect::<Result<Vec<_>, _>>()?;
         // DDP averages no models: a compression that applies to none of the algorithms named is
         // refused rather than ignored (beside others, ddp is planned as it is).
-        if let Some(c) = self.outer_compression
+        if let Some(c) = self.average_compression
             && algorithms.iter().all(|a| *a == Algorithm::Ddp)
         {
             let value = match c {
@@ -239,7 +239,7 @@ impl PlanInputs {
                 half => half.to_string(),
             };
             return Err(invalid_input(
-                "outer-compression",
+                "average-compression",
                 value,
                 "none with ddp, which averages no models (it compresses diloco's \
                  pseudo-gradients and the averages of local-sgd, post-local-sgd and \
@@ -252,7 +252,7 @@ impl PlanInputs {
             predictions.push((algorithm, prediction));
         }
         let target = self.target_comm_share;
-        let compression = self.outer_compression;
+        let compression = self.average_compression;
         let recommended_period = recommend_period(
             &workload,
             &cluster,
@@ -329,7 +329,7 @@ impl PlanInputs {
                 period: self.period,
                 gradient_warmup: name == "post-local-sgd",
                 overlap: self.overlap,
-                compression: self.outer_compression,
+                compression: self.average_compression,
             },
             "hierarchical" => Algorithm::Hierarchical {
                 levels: if self.levels.is_empty() {
@@ -337,13 +337,13 @@ impl PlanInputs {
                 } else {
                     self.levels.clone()
                 },
-                compression: self.outer_compression,
+                compression: self.average_compression,
             },
             "streaming-diloco" => return Err(PlanError::StreamingDiloco),
             "diloco" | "slowmo" => Algorithm::Outer {
                 period: self.period,
                 slowmo: name == "slowmo",
-                compression: self.outer_compression,
+                compression: self.average_compression,
             },
             other => {
                 return Err(PlanError::UnknownAlgorithm {
@@ -522,17 +522,19 @@ mod tests {
         };
         assert_eq!(
             err(PlanInputs {
-                outer_compression: lossy("int8", 0),
+                average_compression: lossy("int8", 0),
                 ..inputs()
             }),
-            "invalid --outer-compression-chunk 0: codec chunk 0 is invalid (valid: chunk >= 1)"
+            "invalid --average-compression-chunk 0: codec chunk 0 is invalid (valid: chunk >= 1)"
         );
         assert!(
             err(PlanInputs {
-                outer_compression: lossy("topk:0.1", 70000),
+                average_compression: lossy("topk:0.1", 70000),
                 ..inputs()
             })
-            .starts_with("invalid --outer-compression-chunk 70000: codec chunk 70000 is too large")
+            .starts_with(
+                "invalid --average-compression-chunk 70000: codec chunk 70000 is too large"
+            )
         );
         // The cost model's own checks come through as they are.
         assert!(
@@ -578,7 +580,7 @@ mod tests {
         let half = Some(Precision::Fp16.into());
         let plan = PlanInputs {
             overlap: 0,
-            outer_compression: half,
+            average_compression: half,
             ..i.clone()
         }
         .plan()
@@ -630,12 +632,12 @@ mod tests {
     }
 
     #[test]
-    fn outer_compression_needs_an_algorithm_that_averages_models() {
+    fn average_compression_needs_an_algorithm_that_averages_models() {
         let lossy = |codec: &str| Some(OuterCompression::lossy(codec.parse().unwrap()));
-        let err = |algorithms: &[&str], outer_compression, overlap| {
+        let err = |algorithms: &[&str], average_compression, overlap| {
             PlanInputs {
                 algorithms: algorithms.iter().map(|&a| a.into()).collect(),
-                outer_compression,
+                average_compression,
                 overlap,
                 ..inputs()
             }
@@ -646,7 +648,7 @@ mod tests {
         // DDP alone has nothing to compress: refused, naming the value and what takes it.
         let e = err(&["ddp"], lossy("int8"), 0);
         assert!(
-            e.starts_with("invalid --outer-compression int8: none with ddp"),
+            e.starts_with("invalid --average-compression int8: none with ddp"),
             "{e}"
         );
         assert!(
@@ -655,7 +657,7 @@ mod tests {
         );
         let e = err(&["ddp", " ddp"], Some(Precision::Bf16.into()), 0);
         assert!(
-            e.starts_with("invalid --outer-compression bf16: none with ddp"),
+            e.starts_with("invalid --average-compression bf16: none with ddp"),
             "{e}"
         );
         // SlowMo's slow step takes the averaged parameters: refused, as `localsgd train` does.
@@ -665,20 +667,20 @@ mod tests {
         for name in ["local-sgd", "post-local-sgd"] {
             let e = err(&[name], lossy("int4"), 1);
             assert!(
-                e.contains("`overlap` = 1: 0 with outer-compression"),
+                e.contains("`overlap` = 1: 0 with average-compression"),
                 "{name}: {e}"
             );
         }
         // The recommendations average in the same wire format: int8 sends about a quarter of
         // f32's bytes, so the recommended post-local SGD period is no longer.
-        let plan = |outer_compression| {
+        let plan = |average_compression| {
             PlanInputs {
                 params: 600_000,
                 compute_ms: 5.0,
                 hosts: 2,
                 ranks_per_host: 2,
                 algorithms: vec!["post-local-sgd".into()],
-                outer_compression,
+                average_compression,
                 ..PlanInputs::default()
             }
             .plan()

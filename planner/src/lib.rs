@@ -24,7 +24,7 @@
 //!   all-reduce (`4P` bytes for `P` f32 parameters, `2P` with fp16/bf16 compression) in every DDP
 //!   iteration and in the warmup iterations `i < warmup` of post-local SGD and hierarchical
 //!   averaging; a model average (a 4-word parameter-set check, then `4P` bytes; with
-//!   `outer-compression`, over the world, the delta from the last average as DiLoCo sends its
+//!   `average-compression`, over the world, the delta from the last average as DiLoCo sends its
 //!   pseudo-gradient: `2P` all-reduced, or a lossy codec's message all-gathered) at
 //!   `i >= warmup` with `(i - warmup) % period == 0` (periodic, as PyTorch's
 //!   `PeriodicModelAverager`) or, for hierarchical levels, in the group of the largest level

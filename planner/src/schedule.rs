@@ -55,7 +55,7 @@ impl Schedule {
                 // parameters (delta of mean), which are not compressed.
                 if let (true, Some(c)) = (slowmo, compression) {
                     return Err(invalid(
-                        "outer-compression",
+                        "average-compression",
                         c,
                         "none with slowmo, whose slow step takes the averaged parameters \
                          (delta of mean), not deltas",
@@ -83,7 +83,7 @@ impl Schedule {
                     return Err(invalid(
                         "overlap",
                         overlap,
-                        "0 with outer-compression: a compressed average is applied at its own step",
+                        "0 with average-compression: a compressed average is applied at its own step",
                     ));
                 }
             }
@@ -293,12 +293,12 @@ impl Schedule {
     }
 }
 
-/// An `outer-compression` the averagers would refuse, named as the setting.
+/// An `average-compression` the averagers would refuse, named as the setting.
 fn check_compression(compression: Option<OuterCompression>) -> Result<(), PlanError> {
     if let Some(c) = compression
         && let Err(e) = c.validate()
     {
-        return Err(invalid("outer-compression", c, &e.to_string()));
+        return Err(invalid("average-compression", c, &e.to_string()));
     }
     Ok(())
 }
@@ -492,7 +492,7 @@ mod tests {
         let e = Schedule::new(&outer(lossy("topk:0.5", 0)), 2, &w).unwrap_err();
         assert!(
             e.to_string()
-                .contains("`outer-compression` = topk:0.5 (chunk 0): codec chunk 0 is invalid"),
+                .contains("`average-compression` = topk:0.5 (chunk 0): codec chunk 0 is invalid"),
             "{e}"
         );
         // One rank sends nothing.
@@ -619,7 +619,10 @@ mod tests {
             &work(1000, 1e-3),
         )
         .unwrap_err();
-        assert!(e.to_string().contains("`outer-compression` = int8"), "{e}");
+        assert!(
+            e.to_string().contains("`average-compression` = int8"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -636,7 +639,7 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(
-                e.contains(&format!("`overlap` = {overlap}")) && e.contains("outer-compression"),
+                e.contains(&format!("`overlap` = {overlap}")) && e.contains("average-compression"),
                 "{e}"
             );
         }

@@ -92,7 +92,7 @@ impl DeviceKind {
     }
 }
 
-/// How a lossy `outer-compression` rounds values to integers.
+/// How a lossy `average-compression` rounds values to integers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum OuterRounding {
@@ -302,6 +302,7 @@ macro_rules! settings {
                 $(#[doc = $doc:literal])*
                 #[setting(type = $type_text:literal $(, unset = $unset:literal)?)]
                 $(#[arg($($arg:tt)*)])?
+                $(#[formerly($old:literal)])?
                 $name:ident : $ty:ty $(as $flag:ty)? = $default:expr,
             )*
         }
@@ -312,7 +313,7 @@ macro_rules! settings {
         #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
         #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
         pub struct TrainConfig {
-            $($( $(#[doc = $doc])* pub $name: $ty, )*)*
+            $($( $(#[doc = $doc])* $(#[serde(alias = $old)])? pub $name: $ty, )*)*
         }
 
         impl Default for TrainConfig {
@@ -330,7 +331,7 @@ macro_rules! settings {
             pub config: Option<PathBuf>,
             $($(
                 $(#[doc = $doc])*
-                #[arg(long, help_heading = $section $(, $($arg)*)?)]
+                #[arg(long, help_heading = $section $(, $($arg)*)? $(, alias = $old)?)]
                 pub $name: Option<flag_type!($ty $(, $flag)?)>,
             )*)*
         }
@@ -341,6 +342,12 @@ macro_rules! settings {
                 $($( if let Some(v) = &self.$name { cfg.$name = v.clone().into(); } )*)*
             }
         }
+
+        /// The settings renamed, as (old name, field): the old name is still read, from the
+        /// config file and the flags, with a warning ([`warn_renamed`]).
+        pub const RENAMED: &[(&str, &str)] = &[
+            $($($( ($old, stringify!($name)), )?)*)*
+        ];
 
         /// Every setting in the reference's order, with its section, type and doc: the source
         /// of the configuration reference (`book/src/configuration.md`).
@@ -443,7 +450,7 @@ settings! {
         /// its step's optimizer step and is applied `overlap` iterations later as
         /// `x ← avg(x_t) + (x_now − x_t)`, its all-reduce running on a second communicator while
         /// those iterations compute (book: Averagers, "Overlapped averaging"). `0`: blocking
-        /// averaging, PyTorch's numbers. At most `period`, and 0 with `outer-compression`;
+        /// averaging, PyTorch's numbers. At most `period`, and 0 with `average-compression`;
         /// other algorithms refuse a non-zero value. Part of the checkpoint identity.
         #[setting(type = "integer, `0` to `period`")]
         #[arg(allow_negative_numbers = true)]
@@ -506,40 +513,47 @@ settings! {
         /// `fp16`, `bf16`: each rank's `θ − x_r` is rounded once, divided by the world size and
         /// summed in that precision, as the gradient `compression` does (OpenDiLoCo all-reduces
         /// them in fp16): half the bytes of a sync. `int8`, `int4`: every value quantized with
-        /// one f32 scale per chunk of `outer-compression-chunk` values (INTELLECT-1's int8);
+        /// one f32 scale per chunk of `average-compression-chunk` values (INTELLECT-1's int8);
         /// `topk:F`: the share F (0 < F ≤ 1) of each chunk's largest values with their u16
         /// offsets, as f32; `topk:F+int8`, `topk:F+int4`: those values quantized. A lossy
         /// codec's messages are all-gathered and every rank decodes and sums them in rank order
         /// (book: Semantics, "11. Lossy compression of pseudo-gradients"); with
-        /// `outer-error-feedback` what a message left out is added to the next one. Needs
+        /// `average-error-feedback` what a message left out is added to the next one. Needs
         /// `mean-of-deltas`, so `slowmo` refuses it. Unset or `none`: full precision. Part of
-        /// the checkpoint identity.
+        /// the checkpoint identity. Formerly `outer-compression`, a name still read with a
+        /// warning.
         #[setting(type = "`none` | `fp16` | `bf16` | `int8` | `int4` | `topk:F` | `topk:F+int8` | `topk:F+int4`, optional", unset = "`none`")]
-        outer_compression: Option<OuterCompressionKind> as OuterCompressionKind = None,
-        /// A lossy `outer-compression`'s chunk: the values that share one scale and, for
+        #[formerly("outer-compression")]
+        average_compression: Option<OuterCompressionKind> as OuterCompressionKind = None,
+        /// A lossy `average-compression`'s chunk: the values that share one scale and, for
         /// top-k, are selected from together.
         ///
         /// Each chunk adds 4 bytes (its f32 scale) to a message. At most 65,536 with top-k,
         /// whose offsets are u16. Unset: 1024; `none`, `fp16` and `bf16` refuse it. Part of the
-        /// checkpoint identity.
+        /// checkpoint identity. Formerly `outer-compression-chunk`, still read with a warning.
         #[setting(type = "integer ≥ 1, optional", unset = "1024")]
         #[arg(allow_negative_numbers = true)]
-        outer_compression_chunk: Option<usize> as usize = None,
-        /// How a lossy `outer-compression` rounds values to integers.
+        #[formerly("outer-compression-chunk")]
+        average_compression_chunk: Option<usize> as usize = None,
+        /// How a lossy `average-compression` rounds values to integers.
         ///
         /// `stochastic` draws from `seed`, the outer step and the rank, so runs repeat exactly.
         /// Unset: `nearest`. `topk:F` (f32 values, nothing rounded) refuses `stochastic`;
         /// `none`, `fp16` and `bf16` refuse the setting. Part of the checkpoint identity.
+        /// Formerly `outer-rounding`, still read with a warning.
         #[setting(type = "`nearest` | `stochastic`, optional", unset = "`nearest`")]
         #[arg(value_enum)]
-        outer_rounding: Option<OuterRounding> as OuterRounding = None,
-        /// Error feedback for a lossy `outer-compression`: what a rank's message left out of its
+        #[formerly("outer-rounding")]
+        average_rounding: Option<OuterRounding> as OuterRounding = None,
+        /// Error feedback for a lossy `average-compression`: what a rank's message left out of its
         /// pseudo-gradient is added to its next one.
         ///
         /// The residual is kept per fragment and saved in checkpoints. Unset: true; `none`,
-        /// `fp16` and `bf16` refuse the setting. Part of the checkpoint identity.
+        /// `fp16` and `bf16` refuse the setting. Part of the checkpoint identity. Formerly
+        /// `outer-error-feedback`, still read with a warning.
         #[setting(type = "bool, optional", unset = "true")]
-        outer_error_feedback: Option<bool> as bool = None,
+        #[formerly("outer-error-feedback")]
+        average_error_feedback: Option<bool> as bool = None,
         /// `streaming-diloco`: the number of fragments the parameters sync in, taking turns.
         ///
         /// Fragments are contiguous runs of whole tensors in the model's order, the first ones
@@ -984,6 +998,20 @@ settings! {
 /// the application has always used).
 pub type ConfigError = SettingError;
 
+/// A warning for every renamed setting among `names` (keys of a config file, or flags without
+/// their `--`), naming the new name: the old one still works, for files written before.
+pub fn warn_renamed<'a>(names: impl IntoIterator<Item = &'a str>) {
+    for name in names {
+        if let Some((old, field)) = RENAMED.iter().find(|(old, _)| *old == name) {
+            let new = field.replace('_', "-");
+            tracing::warn!(
+                "setting `{old}` is now `{new}` (it sets the wire format of model averages and \
+                 pseudo-gradients alike); the old name still works, write `{new}`"
+            );
+        }
+    }
+}
+
 fn bad(setting: &'static str, value: impl ToString, valid: impl ToString) -> ConfigError {
     SettingError::new(setting, value, valid)
 }
@@ -1032,8 +1060,12 @@ impl TrainConfig {
         // The history must be well-formed too; the settings are read from their own lines, so
         // that an error names its line.
         crate::history::split_history(text).map_err(|e| with_quote_hint(text, e))?;
-        toml::from_str(crate::history::settings_text(text))
-            .map_err(|e| with_quote_hint(text, e.to_string()))
+        let settings = crate::history::settings_text(text);
+        let cfg = toml::from_str(settings).map_err(|e| with_quote_hint(text, e.to_string()))?;
+        if let Ok(table) = settings.parse::<toml::Table>() {
+            warn_renamed(table.keys().map(String::as_str));
+        }
+        Ok(cfg)
     }
 
     /// Settings from a parsed TOML table (unknown keys and wrong types are errors that name
@@ -1080,11 +1112,11 @@ impl TrainConfig {
             nesterov: self.outer_nesterov,
             reduce: self.outer_reduce,
             compression: self
-                .outer_compression
+                .average_compression
                 .and_then(OuterCompressionKind::compression),
-            compression_chunk: self.outer_compression_chunk,
-            rounding: self.outer_rounding.map(|r| r.rounding(self.seed)),
-            error_feedback: self.outer_error_feedback,
+            compression_chunk: self.average_compression_chunk,
+            rounding: self.average_rounding.map(|r| r.rounding(self.seed)),
+            error_feedback: self.average_error_feedback,
             fragments: self.fragments,
             fragment_sync_delay: self.fragment_sync_delay,
             fragment_alpha: self.fragment_alpha,
@@ -1675,7 +1707,7 @@ impl TrainConfig {
     }
 }
 
-/// A TOML error, with a hint where a line gives a setting a bare word (`outer-compression =
+/// A TOML error, with a hint where a line gives a setting a bare word (`average-compression =
 /// int4`): TOML strings need quotes (and booleans are lowercase), and the parser's own message
 /// ("invalid float") does not say so.
 fn with_quote_hint(text: &str, error: String) -> String {

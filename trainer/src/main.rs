@@ -79,6 +79,12 @@ fn main() {
 
 fn run_cli() -> Result<()> {
     let cli = Cli::parse();
+    // Renamed settings given by their old flag (clap takes them as aliases).
+    let args: Vec<String> = std::env::args().collect();
+    localsgd_trainer::config::warn_renamed(args.iter().filter_map(|a| {
+        a.strip_prefix("--")
+            .map(|f| f.split('=').next().unwrap_or(f))
+    }));
     match cli.command {
         Command::Train(flags) => launch::train(&flags),
         Command::Compare(flags) => compare(&flags),
@@ -182,10 +188,10 @@ fn compare(flags: &ConfigFlags) -> Result<()> {
         // The wire format of pseudo-gradients and averages: not for DDP (no averages) nor
         // SlowMo (its slow step takes the averaged parameters, not deltas).
         if matches!(algorithm, AlgorithmKind::Ddp | AlgorithmKind::Slowmo) {
-            cfg.outer_compression = None;
-            cfg.outer_compression_chunk = None;
-            cfg.outer_rounding = None;
-            cfg.outer_error_feedback = None;
+            cfg.average_compression = None;
+            cfg.average_compression_chunk = None;
+            cfg.average_rounding = None;
+            cfg.average_error_feedback = None;
         }
         if algorithm != AlgorithmKind::StreamingDiloco {
             cfg.fragments = None;

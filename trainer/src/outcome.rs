@@ -229,7 +229,7 @@ pub(crate) fn report(cfg: &TrainConfig, outcome: &RankOutcome, dir: &Path) -> Re
 
 /// What the run's collectives carry, and in which format: gradients (DDP's every step, the
 /// warmup of the algorithms that have one, and with `post-local-allreduce` within subgroups
-/// after it) in `compression`'s, model averages or pseudo-gradients in `outer-compression`'s
+/// after it) in `compression`'s, model averages or pseudo-gradients in `average-compression`'s
 /// (hierarchical averaging compresses its whole-world level only).
 pub(crate) fn wire_format(cfg: &TrainConfig) -> String {
     use localsgd_trainer::config::{AlgorithmKind, Compression};
@@ -238,7 +238,7 @@ pub(crate) fn wire_format(cfg: &TrainConfig) -> String {
         Compression::Fp16 => "fp16",
         Compression::Bf16 => "bf16",
     };
-    let outer = match cfg.outer_compression.map(|c| c.to_string()) {
+    let outer = match cfg.average_compression.map(|c| c.to_string()) {
         Some(c) if c != "none" => c,
         _ => "f32".to_string(),
     };

@@ -111,16 +111,16 @@ pub(crate) struct PlanFlags {
     compression: Compression,
     /// diloco: pseudo-gradient compression; local-sgd, post-local-sgd and hierarchical's world
     /// level: the averages' (each the delta from the last average; --overlap 0), as `localsgd
-    /// train --outer-compression`: none, fp16, bf16 (2 bytes a parameter per sync,
+    /// train --average-compression`: none, fp16, bf16 (2 bytes a parameter per sync,
     /// all-reduced), int8, int4, topk:F, topk:F+int8, topk:F+int4 (the codec's message per sync,
     /// all-gathered). The recommendations average in it too; refused when ddp is the only
     /// algorithm.
-    #[arg(long, default_value = "none")]
-    outer_compression: OuterCompressionKind,
-    /// A lossy --outer-compression's chunk, as `localsgd train
-    /// --outer-compression-chunk` (4 bytes of scale per chunk; default 1024).
-    #[arg(long)]
-    outer_compression_chunk: Option<usize>,
+    #[arg(long, default_value = "none", alias = "outer-compression")]
+    average_compression: OuterCompressionKind,
+    /// A lossy --average-compression's chunk, as `localsgd train
+    /// --average-compression-chunk` (4 bytes of scale per chunk; default 1024).
+    #[arg(long, alias = "outer-compression-chunk")]
+    average_compression_chunk: Option<usize>,
     /// Pipelined gradient sync (true: the binary's `--pipeline-buckets on`, or `auto` with ranks
     /// on more than one host and no rank sharing cores; false: `off`, or `auto` on one host or
     /// where ranks share cores).
@@ -181,12 +181,12 @@ impl PlanFlags {
             warmup: self.warmup,
             log_every: self.log_every,
             compressed: self.compression != Compression::None,
-            outer_compression: self.outer_compression.compression().map(|c| match c {
+            average_compression: self.average_compression.compression().map(|c| match c {
                 OuterCompression::Lossy {
                     mut spec,
                     error_feedback,
                 } => {
-                    spec.chunk = self.outer_compression_chunk.unwrap_or(spec.chunk);
+                    spec.chunk = self.average_compression_chunk.unwrap_or(spec.chunk);
                     OuterCompression::Lossy {
                         spec,
                         error_feedback,
@@ -203,12 +203,12 @@ impl PlanFlags {
 
 pub(crate) fn run(flags: &PlanFlags) -> Result<()> {
     if let (Some(chunk), OuterCompressionKind::None | OuterCompressionKind::Half(_)) =
-        (flags.outer_compression_chunk, flags.outer_compression)
+        (flags.average_compression_chunk, flags.average_compression)
     {
         anyhow::bail!(
-            "invalid --outer-compression-chunk {chunk}: leave it out with --outer-compression {}; \
+            "invalid --average-compression-chunk {chunk}: leave it out with --average-compression {}; \
              chunks are the lossy codecs' (int8, int4, topk:F, topk:F+int8, topk:F+int4)",
-            flags.outer_compression
+            flags.average_compression
         );
     }
     let params = match flags.params() {

@@ -51,7 +51,7 @@ fn diloco_every_50_steps_matches_ddp_with_40_times_fewer_bytes() {
         let (plain, plain_bytes) = run(seed, diloco);
         let (fp16, fp16_bytes) = run(seed, |c| {
             diloco(c);
-            c.outer_compression = Some("fp16".parse().unwrap());
+            c.average_compression = Some("fp16".parse().unwrap());
         });
         eprintln!(
             "seed {seed}: ddp {ddp:.4} ({ddp_bytes} B), diloco {plain:.4} ({plain_bytes} B, \

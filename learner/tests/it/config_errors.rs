@@ -68,7 +68,7 @@ fn levels_that_do_not_fit_the_ranks_are_refused() {
     assert!(err.contains("\"2:two\" is not a list of levels"), "{err}");
 }
 
-/// A DiLoCo (or SlowMo) configuration with the pseudo-gradients sent as `codec` (`outer-compression`
+/// A DiLoCo (or SlowMo) configuration with the pseudo-gradients sent as `codec` (`average-compression`
 /// as the binary writes it) in chunks of `chunk`.
 fn compressed(mut algorithm: AlgorithmSpec, codec: &str, chunk: usize) -> StrategyConfig {
     let mut c = codec.parse::<OuterCompressionKind>().unwrap().compression();
@@ -83,7 +83,10 @@ fn compressed(mut algorithm: AlgorithmSpec, codec: &str, chunk: usize) -> Strate
 fn pseudo_gradient_codecs_that_cannot_work_are_refused() {
     refused(
         compressed(AlgorithmSpec::diloco(8), "int8", 0),
-        &["`outer-compression-chunk` = 0", "codec chunk 0 is invalid"],
+        &[
+            "`average-compression-chunk` = 0",
+            "codec chunk 0 is invalid",
+        ],
     );
     refused(
         compressed(
@@ -91,19 +94,19 @@ fn pseudo_gradient_codecs_that_cannot_work_are_refused() {
             "topk:0.1+int4",
             65537,
         ),
-        &["`outer-compression-chunk` = 65537", "too large for topk"],
+        &["`average-compression-chunk` = 65537", "too large for topk"],
     );
     // SlowMo averages the parameters (delta of mean): nothing to compress.
     refused(
         compressed(AlgorithmSpec::slowmo(3, 48), "topk:0.01", 1024),
         &[
-            "`outer-compression` = topk:0.01",
+            "`average-compression` = topk:0.01",
             "`none` with `delta-of-mean`",
         ],
     );
     refused(
         compressed(AlgorithmSpec::slowmo(3, 48), "fp16", 1024),
-        &["`outer-compression` = fp16"],
+        &["`average-compression` = fp16"],
     );
     for codec in [
         "fp16",

@@ -18,7 +18,7 @@ use super::{AlgorithmKind, Levels, OuterSettings, SettingError};
 /// fairscale's `slowmo_frequency` default: SlowMo's slow step every 48 steps.
 pub const SLOWMO_FREQUENCY: u64 = 48;
 
-/// What `outer-compression` names, as written in the binary's TOML file and flags: `none`,
+/// What `average-compression` names, as written in the binary's TOML file and flags: `none`,
 /// `fp16`, `bf16`, or a lossy codec (`int8`, `int4`, `topk:F`, `topk:F+int8`, `topk:F+int4`;
 /// `localsgd_comm::codec::Codec`). Parsed from and shown as that text, serialized as it too.
 ///
@@ -29,7 +29,7 @@ pub const SLOWMO_FREQUENCY: u64 = 48;
 /// assert_eq!(kind.to_string(), "topk:0.01+int8");
 /// assert_eq!("fp16".parse::<OuterCompressionKind>().unwrap().to_string(), "fp16");
 /// let err = "topk:1.5".parse::<OuterCompressionKind>().unwrap_err();
-/// assert!(err.to_string().starts_with("invalid setting `outer-compression` = topk:1.5: "));
+/// assert!(err.to_string().starts_with("invalid setting `average-compression` = topk:1.5: "));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
@@ -42,8 +42,8 @@ pub enum OuterCompressionKind {
     Lossy(Codec),
 }
 
-/// The values `outer-compression` takes, for error messages.
-const VALID_OUTER_COMPRESSION: &str = "one of `none`, `fp16`, `bf16`, `int8`, `int4`, `topk:F`, \
+/// The values `average-compression` takes, for error messages.
+const VALID_AVERAGE_COMPRESSION: &str = "one of `none`, `fp16`, `bf16`, `int8`, `int4`, `topk:F`, \
      `topk:F+int8`, `topk:F+int4` (0 < F <= 1)";
 
 impl OuterCompressionKind {
@@ -94,8 +94,10 @@ impl FromStr for OuterCompressionKind {
         s.parse::<Codec>()
             .map(OuterCompressionKind::Lossy)
             .map_err(|e| match e {
-                CodecError::UnknownCodec(_) => bad("outer-compression", s, VALID_OUTER_COMPRESSION),
-                e => bad("outer-compression", s, e),
+                CodecError::UnknownCodec(_) => {
+                    bad("average-compression", s, VALID_AVERAGE_COMPRESSION)
+                }
+                e => bad("average-compression", s, e),
             })
     }
 }
@@ -115,8 +117,8 @@ impl TryFrom<String> for OuterCompressionKind {
 }
 
 /// The outer optimizer's settings as given (`None`: the algorithm's default). The binary's
-/// `outer-lr`, `outer-momentum`, `outer-nesterov`, `outer-reduce`, `outer-compression`,
-/// `outer-compression-chunk`, `outer-rounding`, `outer-error-feedback`, `fragments`,
+/// `outer-lr`, `outer-momentum`, `outer-nesterov`, `outer-reduce`, `average-compression`,
+/// `average-compression-chunk`, `average-rounding`, `average-error-feedback`, `fragments`,
 /// `fragment-sync-delay`, `fragment-alpha` and `slowmo-frequency` fill it;
 /// [`OuterSettings::resolve`] turns it into settings.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -158,7 +160,7 @@ fn bad(setting: &'static str, value: impl ToString, valid: impl ToString) -> Set
     SettingError::new(setting, value, valid)
 }
 
-/// The name of a rounding, as `outer-rounding` takes it (`nearest`, `stochastic`).
+/// The name of a rounding, as `average-rounding` takes it (`nearest`, `stochastic`).
 pub(crate) fn rounding_name(r: Rounding) -> &'static str {
     match r {
         Rounding::Nearest => "nearest",
@@ -168,10 +170,10 @@ pub(crate) fn rounding_name(r: Rounding) -> &'static str {
 
 /// The outer settings that set the wire format of a pseudo-gradient or an average.
 const COMPRESSION_SETTINGS: [&str; 4] = [
-    "outer-compression",
-    "outer-compression-chunk",
-    "outer-rounding",
-    "outer-error-feedback",
+    "average-compression",
+    "average-compression-chunk",
+    "average-rounding",
+    "average-error-feedback",
 ];
 
 impl OuterOptions {
@@ -186,20 +188,20 @@ impl OuterOptions {
                 self.reduce.map(|v| reduce_name(v).to_string()),
             ),
             (
-                "outer-compression",
+                "average-compression",
                 self.compression
                     .map(|c| OuterCompressionKind::from(Some(c)).to_string()),
             ),
             (
-                "outer-compression-chunk",
+                "average-compression-chunk",
                 self.compression_chunk.map(|v| v.to_string()),
             ),
             (
-                "outer-rounding",
+                "average-rounding",
                 self.rounding.map(|r| rounding_name(r).to_string()),
             ),
             (
-                "outer-error-feedback",
+                "average-error-feedback",
                 self.error_feedback.map(|v| v.to_string()),
             ),
             ("fragments", self.fragments.map(|v| v.to_string())),
@@ -226,7 +228,7 @@ fn reduce_name(r: PseudoGradient) -> &'static str {
 impl OuterSettings {
     /// `options` resolved for `kind` averaging every `period` steps over `levels`: the
     /// defaults filled in and every rule checked. `local-sgd`, `post-local-sgd` and
-    /// `hierarchical` take only the four wire-format settings (`outer-compression` and its
+    /// `hierarchical` take only the four wire-format settings (`average-compression` and its
     /// chunk, rounding and error feedback): [`OuterSettings::averaging`] when a compression is
     /// given, else `None`; `ddp` takes none. A setting an algorithm does not take is refused,
     /// naming it.
@@ -250,14 +252,14 @@ impl OuterSettings {
                 let valid = if averages {
                     format!(
                         "unset: `{}` averages models with no outer optimizer; of the outer \
-                         settings it takes only the averages' wire format (`outer-compression`, \
-                         `outer-compression-chunk`, `outer-rounding`, `outer-error-feedback`)",
+                         settings it takes only the averages' wire format (`average-compression`, \
+                         `average-compression-chunk`, `average-rounding`, `average-error-feedback`)",
                         kind.name()
                     )
                 } else {
                     format!(
                         "unset: outer settings apply to algorithms `diloco`, \
-                         `streaming-diloco` and `slowmo` (and `outer-compression` to the \
+                         `streaming-diloco` and `slowmo` (and `average-compression` to the \
                          averages of `local-sgd`, `post-local-sgd` and `hierarchical`), not `{}`",
                         kind.name()
                     )
@@ -293,7 +295,7 @@ impl OuterSettings {
     }
 }
 
-/// The pseudo-gradients' wire format: `outer-compression` with a lossy codec's chunk, rounding
+/// The pseudo-gradients' wire format: `average-compression` with a lossy codec's chunk, rounding
 /// and error feedback as given (each refused where it would do nothing).
 fn resolve_compression(o: &OuterOptions) -> Result<Option<OuterCompression>, SettingError> {
     let Some(OuterCompression::Lossy {
@@ -304,15 +306,15 @@ fn resolve_compression(o: &OuterOptions) -> Result<Option<OuterCompression>, Set
         let name = OuterCompressionKind::from(o.compression).to_string();
         let given = [
             (
-                "outer-compression-chunk",
+                "average-compression-chunk",
                 o.compression_chunk.map(|v| v.to_string()),
             ),
             (
-                "outer-rounding",
+                "average-rounding",
                 o.rounding.map(|r| rounding_name(r).to_string()),
             ),
             (
-                "outer-error-feedback",
+                "average-error-feedback",
                 o.error_feedback.map(|v| v.to_string()),
             ),
         ];
@@ -321,7 +323,7 @@ fn resolve_compression(o: &OuterOptions) -> Result<Option<OuterCompression>, Set
                 setting,
                 value,
                 format!(
-                    "unset with `outer-compression` = {name}: chunks, rounding and error \
+                    "unset with `average-compression` = {name}: chunks, rounding and error \
                      feedback are the lossy codecs' (`int8`, `int4`, `topk:F`, `topk:F+int8`, \
                      `topk:F+int4`)"
                 ),
@@ -335,10 +337,10 @@ fn resolve_compression(o: &OuterOptions) -> Result<Option<OuterCompression>, Set
     if let Some(rounding) = o.rounding {
         if matches!(rounding, Rounding::Stochastic { .. }) && spec.codec.quantizer().is_none() {
             return Err(bad(
-                "outer-rounding",
+                "average-rounding",
                 rounding_name(rounding),
                 format!(
-                    "`nearest` (or unset) with `outer-compression` = {}: top-k with f32 values \
+                    "`nearest` (or unset) with `average-compression` = {}: top-k with f32 values \
                      rounds nothing; stochastic rounding is for the quantizing codecs (`int8`, \
                      `int4`, `topk:F+int8`, `topk:F+int4`)",
                     spec.codec
@@ -371,14 +373,14 @@ pub(crate) fn check_compression(
     if let (Err(e), OuterCompression::Lossy { spec, .. }) = (c.validate(), c) {
         return Err(match e {
             CodecError::ZeroChunk | CodecError::ChunkTooLarge { .. } => {
-                bad("outer-compression-chunk", spec.chunk, e)
+                bad("average-compression-chunk", spec.chunk, e)
             }
-            e => bad("outer-compression", spec.codec, e),
+            e => bad("average-compression", spec.codec, e),
         });
     }
     if reduce == PseudoGradient::DeltaOfMean {
         return Err(bad(
-            "outer-compression",
+            "average-compression",
             OuterCompressionKind::from(compression),
             "`none` with `delta-of-mean` (`slowmo`'s only reduction): half precision and the \
              lossy codecs are for the pseudo-gradients θ − x_r that `mean-of-deltas` sends, not \

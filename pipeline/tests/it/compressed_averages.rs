@@ -1,5 +1,5 @@
 //! The averages of `local-sgd`, `post-local-sgd` and `hierarchical` sent through
-//! `outer-compression` (semantics §11.2) follow the plain averagers' schedule: with the lossless
+//! `average-compression` (semantics §11.2) follow the plain averagers' schedule: with the lossless
 //! codec `topk:1` (every value kept, in f32) each average `θ − mean_r(θ − x_r)` equals the plain
 //! average `mean_r(x_r)` of the same run to rounding, at the same iterations, on every rank
 //! alike. The plain runs are the reference (their averages are checked against PyTorch's

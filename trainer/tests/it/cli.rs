@@ -251,35 +251,35 @@ fn bad_input_is_rejected_before_anything_is_written() {
         &run,
     );
     assert_rejected(
-        &base(&["--outer-compression", "int8", "--overlap", "2"]),
-        "`overlap` = 2: 0 with `outer-compression` = int8: a compressed average is applied at its \
+        &base(&["--average-compression", "int8", "--overlap", "2"]),
+        "`overlap` = 2: 0 with `average-compression` = int8: a compressed average is applied at its \
          own step",
         &run,
     );
     assert_rejected(
-        &base(&["--algorithm", "slowmo", "--outer-compression", "bf16"]),
-        "`outer-compression` = bf16",
+        &base(&["--algorithm", "slowmo", "--average-compression", "bf16"]),
+        "`average-compression` = bf16",
         &run,
     );
     assert_rejected(
-        &base(&["--algorithm", "ddp", "--outer-compression", "fp16"]),
-        "`outer-compression` = fp16: unset: outer settings apply to algorithms `diloco`, \
-         `streaming-diloco` and `slowmo` (and `outer-compression` to the averages of \
+        &base(&["--algorithm", "ddp", "--average-compression", "fp16"]),
+        "`average-compression` = fp16: unset: outer settings apply to algorithms `diloco`, \
+         `streaming-diloco` and `slowmo` (and `average-compression` to the averages of \
          `local-sgd`, `post-local-sgd` and `hierarchical`), not `ddp`",
         &run,
     );
     // The lossy codecs: a bad codec is refused by clap in the codec's words, the codec's
     // settings where they would do nothing or cannot work.
     assert_rejected(
-        &base(&["--algorithm", "diloco", "--outer-compression", "topk:1.5"]),
-        "invalid value 'topk:1.5' for '--outer-compression <OUTER_COMPRESSION>': invalid setting \
-         `outer-compression` = topk:1.5: topk fraction 1.5 is outside (0, 1] (valid: topk:F with \
+        &base(&["--algorithm", "diloco", "--average-compression", "topk:1.5"]),
+        "invalid value 'topk:1.5' for '--average-compression <AVERAGE_COMPRESSION>': invalid setting \
+         `average-compression` = topk:1.5: topk fraction 1.5 is outside (0, 1] (valid: topk:F with \
          0 < F <= 1, optionally +int8 or +int4)",
         &run,
     );
     assert_rejected(
-        &base(&["--algorithm", "diloco", "--outer-compression", "int16"]),
-        "`outer-compression` = int16: one of `none`, `fp16`, `bf16`, `int8`, `int4`, `topk:F`, \
+        &base(&["--algorithm", "diloco", "--average-compression", "int16"]),
+        "`average-compression` = int16: one of `none`, `fp16`, `bf16`, `int8`, `int4`, `topk:F`, \
          `topk:F+int8`, `topk:F+int4` (0 < F <= 1)",
         &run,
     );
@@ -287,34 +287,34 @@ fn bad_input_is_rejected_before_anything_is_written() {
         &base(&[
             "--algorithm",
             "slowmo",
-            "--outer-compression",
+            "--average-compression",
             "topk:0.01+int8",
         ]),
-        "`outer-compression` = topk:0.01+int8: `none` with `delta-of-mean`",
+        "`average-compression` = topk:0.01+int8: `none` with `delta-of-mean`",
         &run,
     );
     assert_rejected(
         &base(&[
             "--algorithm",
             "diloco",
-            "--outer-compression",
+            "--average-compression",
             "int8",
-            "--outer-compression-chunk",
+            "--average-compression-chunk",
             "0",
         ]),
-        "`outer-compression-chunk` = 0: codec chunk 0 is invalid (valid: chunk >= 1)",
+        "`average-compression-chunk` = 0: codec chunk 0 is invalid (valid: chunk >= 1)",
         &run,
     );
     assert_rejected(
         &base(&[
             "--algorithm",
             "streaming-diloco",
-            "--outer-compression",
+            "--average-compression",
             "topk:0.1",
-            "--outer-compression-chunk",
+            "--average-compression-chunk",
             "65537",
         ]),
-        "`outer-compression-chunk` = 65537: codec chunk 65537 is too large for topk, whose \
+        "`average-compression-chunk` = 65537: codec chunk 65537 is too large for topk, whose \
          indices are u16 (valid: 1 <= chunk <= 65536)",
         &run,
     );
@@ -322,40 +322,45 @@ fn bad_input_is_rejected_before_anything_is_written() {
         &base(&[
             "--algorithm",
             "diloco",
-            "--outer-compression",
+            "--average-compression",
             "fp16",
-            "--outer-error-feedback",
+            "--average-error-feedback",
             "false",
         ]),
-        "`outer-error-feedback` = false: unset with `outer-compression` = fp16: chunks, \
+        "`average-error-feedback` = false: unset with `average-compression` = fp16: chunks, \
          rounding and error feedback are the lossy codecs'",
-        &run,
-    );
-    assert_rejected(
-        &base(&["--algorithm", "diloco", "--outer-compression-chunk", "256"]),
-        "`outer-compression-chunk` = 256: unset with `outer-compression` = none",
         &run,
     );
     assert_rejected(
         &base(&[
             "--algorithm",
             "diloco",
-            "--outer-compression",
+            "--average-compression-chunk",
+            "256",
+        ]),
+        "`average-compression-chunk` = 256: unset with `average-compression` = none",
+        &run,
+    );
+    assert_rejected(
+        &base(&[
+            "--algorithm",
+            "diloco",
+            "--average-compression",
             "topk:0.1",
-            "--outer-rounding",
+            "--average-rounding",
             "stochastic",
         ]),
-        "`outer-rounding` = stochastic: `nearest` (or unset) with `outer-compression` = topk:0.1",
+        "`average-rounding` = stochastic: `nearest` (or unset) with `average-compression` = topk:0.1",
         &run,
     );
     assert_rejected(
-        &base(&["--outer-rounding", "nearest"]),
-        "`outer-rounding` = nearest: unset with `outer-compression` = none",
+        &base(&["--average-rounding", "nearest"]),
+        "`average-rounding` = nearest: unset with `average-compression` = none",
         &run,
     );
     assert_rejected(
-        &base(&["--algorithm", "diloco", "--outer-rounding", "up"]),
-        "invalid value 'up' for '--outer-rounding <OUTER_ROUNDING>'",
+        &base(&["--algorithm", "diloco", "--average-rounding", "up"]),
+        "invalid value 'up' for '--average-rounding <AVERAGE_ROUNDING>'",
         &run,
     );
     assert_rejected(
@@ -498,7 +503,7 @@ fn parse_flags(args: &[&str]) -> Result<ConfigFlags, String> {
 }
 
 #[test]
-fn outer_compression_takes_every_codec_in_toml_and_flags() {
+fn average_compression_takes_every_codec_in_toml_and_flags() {
     use localsgd_averagers::OuterCompression;
     use localsgd_comm::codec::Rounding;
     // (value, the wire format it resolves to; chunk, rounding and error feedback as default).
@@ -512,12 +517,12 @@ fn outer_compression_takes_every_codec_in_toml_and_flags() {
         "topk:0.05+int8",
         "topk:1+int4",
     ] {
-        let from_flag = parse_flags(&["--algorithm", "diloco", "--outer-compression", text])
+        let from_flag = parse_flags(&["--algorithm", "diloco", "--average-compression", text])
             .unwrap()
             .resolve()
             .unwrap();
         let from_toml = TrainConfig::from_toml_str(&format!(
-            "algorithm = \"diloco\"\nouter-compression = \"{text}\"\n"
+            "algorithm = \"diloco\"\naverage-compression = \"{text}\"\n"
         ))
         .unwrap();
         assert_eq!(from_flag, from_toml, "{text}");
@@ -525,7 +530,7 @@ fn outer_compression_takes_every_codec_in_toml_and_flags() {
         // The run directory's config.toml gives the same settings back.
         let saved = from_toml.to_toml();
         assert!(
-            saved.contains(&format!("outer-compression = \"{text}\"")),
+            saved.contains(&format!("average-compression = \"{text}\"")),
             "{saved}"
         );
         assert_eq!(TrainConfig::from_toml_str(&saved).unwrap(), from_toml);
@@ -552,22 +557,22 @@ fn outer_compression_takes_every_codec_in_toml_and_flags() {
         "streaming-diloco",
         "--seed",
         "9",
-        "--outer-compression",
+        "--average-compression",
         "topk:0.1+int8",
-        "--outer-compression-chunk",
+        "--average-compression-chunk",
         "4096",
-        "--outer-rounding",
+        "--average-rounding",
         "stochastic",
-        "--outer-error-feedback",
+        "--average-error-feedback",
         "false",
     ])
     .unwrap()
     .resolve()
     .unwrap();
     let from_toml = TrainConfig::from_toml_str(
-        "algorithm = \"streaming-diloco\"\nseed = 9\nouter-compression = \"topk:0.1+int8\"\n\
-         outer-compression-chunk = 4096\nouter-rounding = \"stochastic\"\n\
-         outer-error-feedback = false\n",
+        "algorithm = \"streaming-diloco\"\nseed = 9\naverage-compression = \"topk:0.1+int8\"\n\
+         average-compression-chunk = 4096\naverage-rounding = \"stochastic\"\n\
+         average-error-feedback = false\n",
     )
     .unwrap();
     assert_eq!(from_flag, from_toml);
@@ -590,22 +595,22 @@ fn outer_compression_takes_every_codec_in_toml_and_flags() {
     // Part of the checkpoint identity (the seed is not).
     assert!(
         spec.identity().contains(
-            " outer_compression=topk:0.1+int8 outer_compression_chunk=4096 \
-             outer_rounding=stochastic outer_error_feedback=false fragments=2"
+            " average_compression=topk:0.1+int8 average_compression_chunk=4096 \
+             average_rounding=stochastic average_error_feedback=false fragments=2"
         ),
         "{}",
         spec.identity()
     );
     // A bad value in the file is named with the key's line, in the codec's words.
-    let err = TrainConfig::from_toml_str("outer-compression = \"topk:0\"\n").unwrap_err();
+    let err = TrainConfig::from_toml_str("average-compression = \"topk:0\"\n").unwrap_err();
     assert!(
         err.contains(
-            "invalid setting `outer-compression` = topk:0: topk fraction 0 is outside (0, 1]"
+            "invalid setting `average-compression` = topk:0: topk fraction 0 is outside (0, 1]"
         ),
         "{err}"
     );
     assert!(err.contains("line 1"), "{err}");
-    let err = TrainConfig::from_toml_str("outer-rounding = \"up\"\n").unwrap_err();
+    let err = TrainConfig::from_toml_str("average-rounding = \"up\"\n").unwrap_err();
     assert!(err.contains("unknown variant `up`"), "{err}");
 }
 
@@ -761,7 +766,7 @@ fn plan_payload_matches_the_metrics_of_a_real_run_exactly() {
         (
             "diloco-fp16",
             "diloco",
-            vec!["--period", "3", "--outer-compression", "fp16"],
+            vec!["--period", "3", "--average-compression", "fp16"],
             false,
         ),
         // A lossy codec: each rank's message all-gathered, its bytes the codec's.
@@ -771,9 +776,9 @@ fn plan_payload_matches_the_metrics_of_a_real_run_exactly() {
             vec![
                 "--period",
                 "3",
-                "--outer-compression",
+                "--average-compression",
                 "int8",
-                "--outer-compression-chunk",
+                "--average-compression-chunk",
                 "100",
             ],
             false,
@@ -784,9 +789,9 @@ fn plan_payload_matches_the_metrics_of_a_real_run_exactly() {
             vec![
                 "--period",
                 "3",
-                "--outer-compression",
+                "--average-compression",
                 "topk:0.1+int4",
-                "--outer-compression-chunk",
+                "--average-compression-chunk",
                 "64",
             ],
             false,
@@ -805,9 +810,9 @@ fn plan_payload_matches_the_metrics_of_a_real_run_exactly() {
             vec![
                 "--period",
                 "4",
-                "--outer-compression",
+                "--average-compression",
                 "int8",
-                "--outer-compression-chunk",
+                "--average-compression-chunk",
                 "100",
             ],
             false,
@@ -815,13 +820,13 @@ fn plan_payload_matches_the_metrics_of_a_real_run_exactly() {
         (
             "local-sgd-topk",
             "local-sgd",
-            vec!["--period", "3", "--outer-compression", "topk:0.1+int4"],
+            vec!["--period", "3", "--average-compression", "topk:0.1+int4"],
             false,
         ),
         (
             "hierarchical-fp16",
             "hierarchical",
-            vec!["--levels", "2:2,4:4", "--outer-compression", "fp16"],
+            vec!["--levels", "2:2,4:4", "--average-compression", "fp16"],
             false,
         ),
         // Overlapped: the same bytes at the same iterations, plus the helper's communicator.
@@ -1057,25 +1062,25 @@ fn plan_and_bench_step_name_bad_values() {
     for (args, expected) in [
         (
             &[
-                "--outer-compression",
+                "--average-compression",
                 "fp16",
-                "--outer-compression-chunk",
+                "--average-compression-chunk",
                 "64",
             ][..],
-            "invalid --outer-compression-chunk 64: leave it out with --outer-compression fp16",
+            "invalid --average-compression-chunk 64: leave it out with --average-compression fp16",
         ),
         (
             &[
-                "--outer-compression",
+                "--average-compression",
                 "int8",
-                "--outer-compression-chunk",
+                "--average-compression-chunk",
                 "0",
             ][..],
-            "invalid --outer-compression-chunk 0: codec chunk 0 is invalid",
+            "invalid --average-compression-chunk 0: codec chunk 0 is invalid",
         ),
         (
-            &["--outer-compression", "topk:2"][..],
-            "invalid value 'topk:2' for '--outer-compression <OUTER_COMPRESSION>'",
+            &["--average-compression", "topk:2"][..],
+            "invalid value 'topk:2' for '--average-compression <AVERAGE_COMPRESSION>'",
         ),
     ] {
         let mut plan = vec!["plan", "--compute-ms", "1", "--algorithms", "diloco"];
@@ -1499,5 +1504,84 @@ fn cnn_trains_with_each_buffer_policy_and_refuses_shapes_it_cannot_take() {
         ],
         "channels",
         &run,
+    );
+}
+
+/// The settings renamed from `outer-*` to `average-*` are still read under their old names,
+/// from flags and from a config file, with a warning naming the new name; both names at once
+/// are refused.
+#[test]
+fn renamed_settings_still_read_with_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("flag");
+    let out = localsgd(&[
+        "train",
+        "--run-dir",
+        run.to_str().unwrap(),
+        "--algorithm",
+        "diloco",
+        "--outer-compression",
+        "int8",
+        "--outer-compression-chunk",
+        "256",
+        "--steps",
+        "2",
+        "--progress",
+        "false",
+    ]);
+    ok(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for (old, new) in [
+        ("outer-compression", "average-compression"),
+        ("outer-compression-chunk", "average-compression-chunk"),
+    ] {
+        assert!(
+            stderr.contains(&format!("setting `{old}` is now `{new}`")),
+            "{stderr}"
+        );
+    }
+    let saved = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    assert!(saved.contains("average-compression = \"int8\""), "{saved}");
+    assert!(saved.contains("average-compression-chunk = 256"), "{saved}");
+    assert!(!saved.contains("outer-compression"), "{saved}");
+
+    let file = dir.path().join("old.toml");
+    std::fs::write(
+        &file,
+        "algorithm = \"diloco\"\nouter-rounding = \"stochastic\"\nouter-compression = \"int4\"\nouter-error-feedback = false\nsteps = 2\nprogress = false\n",
+    )
+    .unwrap();
+    let run = dir.path().join("file");
+    let out = localsgd(&[
+        "train",
+        "--config",
+        file.to_str().unwrap(),
+        "--run-dir",
+        run.to_str().unwrap(),
+    ]);
+    ok(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("setting `outer-rounding` is now `average-rounding`"),
+        "{stderr}"
+    );
+    let saved = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    assert!(
+        saved.contains("average-rounding = \"stochastic\""),
+        "{saved}"
+    );
+    assert!(saved.contains("average-error-feedback = false"), "{saved}");
+
+    std::fs::write(
+        &file,
+        "algorithm = \"diloco\"\nouter-compression = \"int4\"\naverage-compression = \"int8\"\n",
+    )
+    .unwrap();
+    let out = localsgd(&["train", "--config", file.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("duplicate field `average-compression`"),
+        "{stderr}"
     );
 }

@@ -156,12 +156,12 @@ fn diloco_resumes_bit_identically_with_theta_and_outer_momentum() {
 fn compressed_averages_resume_bit_identically_with_theta_and_residuals() {
     use localsgd_trainer::config::{OuterCompressionKind, OuterRounding};
     check_resume_with(AlgorithmKind::PostLocalSgd, OptimizerKind::Sgd, 0, |c| {
-        c.outer_compression = Some("int4".parse::<OuterCompressionKind>().unwrap());
-        c.outer_compression_chunk = Some(16);
-        c.outer_rounding = Some(OuterRounding::Stochastic);
+        c.average_compression = Some("int4".parse::<OuterCompressionKind>().unwrap());
+        c.average_compression_chunk = Some(16);
+        c.average_rounding = Some(OuterRounding::Stochastic);
     });
     check_resume_with(AlgorithmKind::Hierarchical, OptimizerKind::Adam, 0, |c| {
-        c.outer_compression = Some("topk:0.25+int8".parse::<OuterCompressionKind>().unwrap());
+        c.average_compression = Some("topk:0.25+int8".parse::<OuterCompressionKind>().unwrap());
     });
 }
 

@@ -348,7 +348,7 @@ fn a_pipe_as_text_and_an_unquoted_toml_word_are_explained() {
     let config = dir.path().join("run.toml");
     std::fs::write(
         &config,
-        "algorithm = \"diloco\"\nouter-compression = int4\n",
+        "algorithm = \"diloco\"\naverage-compression = int4\n",
     )
     .unwrap();
     refused(
@@ -360,7 +360,7 @@ fn a_pipe_as_text_and_an_unquoted_toml_word_are_explained() {
             r,
         ],
         None,
-        &["hint: a text value needs quotes in TOML: outer-compression = \"int4\""],
+        &["hint: a text value needs quotes in TOML: average-compression = \"int4\""],
         &run,
     );
     // A boolean is not quoted; a number gets no text hint.
