@@ -87,9 +87,12 @@ pub fn rule(key: &str) -> SettingRule {
         }
         "batch-size" | "accumulate" | "accumulation" | "shuffle" => SettingRule::Fixed(ORDER),
         "seed" => SettingRule::Fixed(SEED),
-        "optimizer" | "momentum" | "weight-decay" | "clip-grad-norm" | "skip-non-finite" => {
-            SettingRule::Fixed(OPTIMIZER)
-        }
+        "optimizer"
+        | "momentum"
+        | "weight-decay"
+        | "weight-decay-matrices-only"
+        | "clip-grad-norm"
+        | "skip-non-finite" => SettingRule::Fixed(OPTIMIZER),
         "metrics-format" => SettingRule::Fixed(METRICS),
         "broadcast-start" | "init-weights" => SettingRule::Fixed(START),
         // The algorithm section, and any setting added later until it is classified.

@@ -241,6 +241,14 @@ fn settings_the_checkpoint_fixes_are_refused_and_nothing_is_written() {
             &["--momentum", "0.5", "--optimizer", "sgd"],
             "`optimizer` = \"sgd\"",
         ),
+        (
+            &["--weight-decay-matrices-only", "true"],
+            "cannot resume with `weight-decay-matrices-only` = true",
+        ),
+        (
+            &["--weight-decay-matrices-only", "true"],
+            "the checkpoint holds that optimizer's state",
+        ),
         (&["--steps", "10"], "`steps` = 10 is already reached"),
         (
             &["--steps", "4"],
