@@ -43,6 +43,8 @@ use burn::backend::{Autodiff, Backend, DType, Dispatch, Flex, backend_extension}
 use burn::tensor::{Device, Tensor};
 use rayon::prelude::*;
 
+use crate::cpu::contiguous;
+
 /// The exact GELU of `x`, with its gradient: one vectorized pass each way on the CPU backend,
 /// burn's `gelu` elsewhere (see the [module](self) documentation).
 pub fn gelu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
@@ -106,20 +108,6 @@ impl GeluBackend for Flex {
 /// Elements per task on rayon's pool (the one burn's CPU backend runs on): the kernels are
 /// element-wise, so the split changes no result.
 const CHUNK: usize = 16 * 1024;
-
-/// `t` itself when its elements lie contiguously in its storage (at any offset), else a
-/// contiguous copy (which starts at offset 0); with the range of storage elements it covers.
-fn contiguous(t: FlexTensor) -> (FlexTensor, std::ops::Range<usize>) {
-    let t = match t.layout().contiguous_offsets() {
-        Some(_) => t,
-        None => t.to_contiguous(),
-    };
-    let range = match t.layout().contiguous_offsets() {
-        Some((start, end)) => start..end,
-        None => 0..t.layout().num_elements(),
-    };
-    (t, range)
-}
 
 /// Autodiff: the forward pass keeps `x`; the backward pass is
 /// [`gelu_exact_backward`](GeluBackend::gelu_exact_backward) of the inner backend.

@@ -36,6 +36,7 @@
 pub mod algorithm;
 pub mod atomic;
 pub mod checkpoint;
+mod cpu;
 pub mod fused;
 pub mod gelu;
 pub mod lr_schedule;

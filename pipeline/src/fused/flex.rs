@@ -6,31 +6,7 @@ use burn::tensor::TensorData;
 
 use super::rows::{self, for_row_blocks, rows_per_block};
 use super::{FusedBackend, FusedKernels};
-
-/// `t`'s f32 elements in row-major order: its storage where they lie there contiguously,
-/// else a contiguous copy.
-fn values(t: &FlexTensor) -> std::borrow::Cow<'_, [f32]> {
-    match t.layout().contiguous_offsets() {
-        Some((start, end)) => std::borrow::Cow::Borrowed(&t.storage::<f32>()[start..end]),
-        None => std::borrow::Cow::Owned(t.to_contiguous().storage::<f32>().to_vec()),
-    }
-}
-
-/// `t` made contiguous from offset 0 (a copy where it was not), for writing the result in
-/// place: [`FlexTensor::storage_mut`] copies only where another tensor shares the storage.
-fn writable(t: FlexTensor) -> FlexTensor {
-    if t.is_contiguous() && t.layout().start_offset() == 0 {
-        t
-    } else {
-        t.to_contiguous()
-    }
-}
-
-/// The first `len` f32 elements of a [`writable`] tensor's storage.
-fn slice_mut(t: &mut FlexTensor) -> &mut [f32] {
-    let len = t.layout().num_elements();
-    &mut t.storage_mut::<f32>()[..len]
-}
+use crate::cpu::{contiguous, values};
 
 /// A contiguous f32 tensor of `shape` holding `data`.
 fn tensor(data: Vec<f32>, shape: Vec<usize>) -> FlexTensor {
@@ -89,8 +65,8 @@ impl FusedKernels for Flex {
         use rayon::prelude::*;
         let (x, gamma, mean, rstd) = (values(&x), values(&gamma), values(&mean), values(&rstd));
         let d = gamma.len();
-        let mut out = writable(grad);
-        let dx = slice_mut(&mut out);
+        let (mut out, range) = contiguous(grad);
+        let dx = &mut out.storage_mut::<f32>()[range];
         let per = rows_per_block(d);
         // Each block's parameter-gradient sums, then their sum in block order.
         let partial: Vec<(Vec<f32>, Vec<f32>)> = dx
@@ -122,8 +98,8 @@ impl FusedKernels for Flex {
 
     fn causal_softmax_forward(scores: FlexTensor, scale: f64) -> FlexTensor {
         let t = last_dim(&scores);
-        let mut p = writable(scores);
-        for_row_blocks(slice_mut(&mut p), t, |first, block| {
+        let (mut p, range) = contiguous(scores);
+        for_row_blocks(&mut p.storage_mut::<f32>()[range], t, |first, block| {
             rows::causal_softmax_forward(block, t, first, scale as f32)
         });
         p
@@ -132,8 +108,8 @@ impl FusedKernels for Flex {
     fn causal_softmax_backward(p: FlexTensor, grad: FlexTensor, scale: f64) -> FlexTensor {
         let t = last_dim(&p);
         let p = values(&p);
-        let mut g = writable(grad);
-        for_row_blocks(slice_mut(&mut g), t, |first, block| {
+        let (mut g, range) = contiguous(grad);
+        for_row_blocks(&mut g.storage_mut::<f32>()[range], t, |first, block| {
             let p = &p[first * t..first * t + block.len()];
             rows::causal_softmax_backward(p, block, t, first, scale as f32)
         });
@@ -172,11 +148,11 @@ impl FusedKernels for Flex {
         grad: FlexTensor,
     ) -> FlexTensor {
         let v = last_dim(&logits);
-        let mut g = writable(logits);
+        let (mut g, range) = contiguous(logits);
         let targets = targets_i64(targets);
         let n = targets.len().max(1);
         let scale = values(&grad).first().copied().unwrap_or(0.0) / n as f32;
-        for_row_blocks(slice_mut(&mut g), v, |first, block| {
+        for_row_blocks(&mut g.storage_mut::<f32>()[range], v, |first, block| {
             let rows = block.len() / v.max(1);
             rows::cross_entropy_backward(block, v, &targets[first..first + rows], scale)
         });
