@@ -281,6 +281,7 @@ mod tests {
             lr: 0.1,
             times: PhaseTimes::default(),
             traffic: Default::default(),
+            data: None,
         }
     }
 

@@ -145,6 +145,8 @@ pub enum Accumulation {
 
 /// Result of [`Pipeline::run_iteration`].
 #[derive(Debug)]
+// One value per iteration, moved once: boxing the report would cost an allocation each time.
+#[allow(clippy::large_enum_variant)]
 pub enum Outcome<M> {
     /// An iteration ran.
     Trained(M, IterationReport),
@@ -510,7 +512,7 @@ impl<M: Module> Pipeline<M> {
         step: &mut dyn ForwardBackward<M, B>,
     ) -> Result<Outcome<M>, PipelineError> {
         // Setup, not part of iteration 0's counters (like creating subgroups).
-        let model = self.broadcast_start(model)?;
+        let model = self.start(model)?;
         let mut it = Iteration::new(self.group.traffic());
         self.phase(Phase::FetchBatch, &mut it, |p, it| {
             p.fetch_batch(source, it)
@@ -537,7 +539,10 @@ impl<M: Module> Pipeline<M> {
         let model = self.phase(Phase::Checkpoint, &mut it, |p, _| {
             p.checkpoint(model, &*source)
         })?;
-        Ok(Outcome::Trained(model, self.complete(it)))
+        Ok(Outcome::Trained(
+            model,
+            self.complete(it, source.position()),
+        ))
     }
 
     /// Run iterations of `step` on `source` until the epoch ends (every rank out of data
@@ -558,6 +563,9 @@ impl<M: Module> Pipeline<M> {
             if budget.is_some_and(|b| self.iteration >= b) {
                 return Ok((model, EpochEnd::Budget));
             }
+            observer
+                .before_iteration(self.iteration)
+                .map_err(PipelineError::Observer)?;
             match self.run_iteration_with(model, source, step)? {
                 Outcome::EndOfData(m) => return Ok((m, EpochEnd::EndOfData)),
                 Outcome::Trained(m, report) => {
@@ -594,9 +602,13 @@ impl<M: Module> Pipeline<M> {
         Ok(out)
     }
 
-    /// DDP's construction-time broadcast of rank 0's parameters and buffers, before the first
-    /// iteration of a fresh run.
-    fn broadcast_start(&mut self, model: M) -> Result<M, PipelineError> {
+    /// The run's start: DDP's construction-time broadcast of rank 0's parameters and buffers
+    /// (with [`PipelineOptions::broadcast_start`], on a fresh run; a restored one continues
+    /// from each rank's own state), once; afterwards, and when nothing is pending, the model
+    /// is returned as it is. The first iteration does it if it was not called; call it to have
+    /// the ranks agree on the start before anything else happens (its traffic:
+    /// [`start_traffic`](Self::start_traffic)). Collective.
+    pub fn start(&mut self, model: M) -> Result<M, PipelineError> {
         if !self.start_pending {
             return Ok(model);
         }
@@ -848,7 +860,7 @@ impl<M: Module> Pipeline<M> {
     }
 
     /// Count the iteration and report it.
-    fn complete<B>(&mut self, it: Iteration<B>) -> IterationReport {
+    fn complete<B>(&mut self, it: Iteration<B>, data: Option<DataPosition>) -> IterationReport {
         let report = IterationReport {
             iteration: self.iteration,
             loss: it.loss.unwrap_or(f32::NAN),
@@ -857,6 +869,7 @@ impl<M: Module> Pipeline<M> {
             lr: it.lr,
             times: it.times,
             traffic: self.group.traffic() - it.traffic_start,
+            data,
         };
         self.times.accumulate(&it.times);
         self.iteration += 1;

@@ -2,6 +2,7 @@
 //! and the forward/backward step.
 
 use super::phase::PhaseTimes;
+use super::source::DataPosition;
 use localsgd_comm::Traffic;
 
 /// What one completed iteration did.
@@ -21,17 +22,30 @@ pub struct IterationReport {
     pub times: PhaseTimes,
     /// Communication issued by this rank in this iteration (all groups).
     pub traffic: Traffic,
+    /// Where the batch source stands after the iteration, when it records its position
+    /// ([`BatchSource::position`](super::BatchSource::position)): the epoch a metrics row
+    /// belongs to.
+    pub data: Option<DataPosition>,
 }
 
 /// Why an [`IterationObserver`] stopped the run: any error, boxed.
 pub type ObserverError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
-/// Watches every completed iteration of [`Pipeline::run_epoch`](super::Pipeline::run_epoch):
-/// metrics files, a progress bar, burn-train's events, evaluations. It runs between
-/// iterations, outside every phase; whatever it communicates, every rank must issue alike (the
-/// burn-train strategy's rank 0 feeds burn-train's event processor and the other ranks do
-/// nothing).
+/// Watches every iteration of [`Pipeline::run_epoch`](super::Pipeline::run_epoch): metrics
+/// files, a progress bar, burn-train's events, evaluations, checkpoint publishing, rehearsed
+/// faults. It runs between iterations, outside every phase; whatever it communicates, every
+/// rank must issue alike (the burn-train strategy's rank 0 feeds burn-train's event processor
+/// and the other ranks do nothing).
 pub trait IterationObserver<M> {
+    /// Before iteration `iteration` (0-based, as [`IterationReport::iteration`] counts) starts,
+    /// including the attempt that finds the epoch's data exhausted (it is then called again
+    /// with the same index in the next epoch). An error stops the run on this rank. Does
+    /// nothing unless overridden.
+    fn before_iteration(&mut self, iteration: u64) -> Result<(), ObserverError> {
+        let _ = iteration;
+        Ok(())
+    }
+
     /// After an iteration completed, with its report and the model after it. `Ok(false)` ends
     /// the epoch here; every rank must decide alike (agree with a collective first when the
     /// decision may differ, as the strategy does with rank 0's interrupter). An error stops

@@ -195,3 +195,72 @@ fn the_running_traffic_total_is_the_start_broadcast_and_the_iterations() {
         assert!(reported.data_bytes > 0);
     }
 }
+
+/// What `before_iteration` sees: every iteration's index before it starts, and once more the
+/// index of the attempt that finds the epoch over; an error there stops the run before the
+/// iteration, on that rank, as `PipelineError::Observer`.
+#[derive(Default)]
+struct Watch {
+    before: Vec<u64>,
+    after: Vec<u64>,
+    fail_before: Option<u64>,
+}
+
+impl localsgd_pipeline::pipeline::IterationObserver<Linear1> for Watch {
+    fn before_iteration(&mut self, iteration: u64) -> Result<(), ObserverError> {
+        if self.fail_before == Some(iteration) {
+            return Err(format!("refused iteration {iteration}").into());
+        }
+        self.before.push(iteration);
+        Ok(())
+    }
+
+    fn after_iteration(&mut self, r: &IterationReport, _: &Linear1) -> Result<bool, ObserverError> {
+        self.after.push(r.iteration);
+        Ok(true)
+    }
+}
+
+#[test]
+fn before_iteration_runs_before_every_iteration_and_the_attempt_that_ends_the_epoch() {
+    let runs = ThreadWorld::new(1)
+        .unwrap()
+        .run(|group| {
+            let mut p = pipeline(group.clone());
+            let mut watch = Watch::default();
+            p.run_epoch(
+                model(),
+                &mut IterSource(batches(0, 3).into_iter()),
+                &mut LossFn(&loss),
+                &mut watch,
+                None,
+            )
+            .unwrap();
+            let mut p = pipeline(group);
+            let mut failing = Watch {
+                fail_before: Some(2),
+                ..Watch::default()
+            };
+            let err = p
+                .run_epoch(
+                    model(),
+                    &mut IterSource(batches(0, 3).into_iter()),
+                    &mut LossFn(&loss),
+                    &mut failing,
+                    None,
+                )
+                .err()
+                .map(|e| e.to_string());
+            (watch.before, watch.after, failing.after, p.iteration(), err)
+        })
+        .unwrap();
+    let (before, after, failing_after, failing_iterations, err) = &runs[0];
+    assert_eq!(before, &vec![0, 1, 2, 3]);
+    assert_eq!(after, &vec![0, 1, 2]);
+    assert_eq!(failing_after, &vec![0, 1]);
+    assert_eq!(*failing_iterations, 2);
+    assert_eq!(
+        err.as_deref(),
+        Some("observing the iteration: refused iteration 2")
+    );
+}
