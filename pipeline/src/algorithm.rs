@@ -3,8 +3,8 @@
 
 use crate::pipeline::error::PipelineError;
 use crate::settings::{
-    AlgorithmKind, Compression, Levels, OuterCompressionKind, OuterSettings, PipelineBuckets,
-    SettingError, check_compression, rounding_name,
+    AlgorithmKind, AlgorithmSetting, Compression, Levels, OuterCompressionKind, OuterSettings,
+    PipelineBuckets, SettingError, check_compression, rounding_name,
 };
 use localsgd_averagers::{
     HierarchicalModelAverager, Level, ModelAverager, OuterAverager, OuterCompression,
@@ -185,10 +185,7 @@ impl AlgorithmSpec {
         }
         // Outer settings on an averaging algorithm: only its averages' wire format.
         if let (false, Some(o)) = (self.kind.is_outer(), &self.outer) {
-            let averages = matches!(
-                self.kind,
-                AlgorithmKind::LocalSgd | AlgorithmKind::PostLocalSgd | AlgorithmKind::Hierarchical
-            );
+            let averages = AlgorithmSetting::AverageCompression.applies_to(self.kind);
             let compression = OuterCompressionKind::from(o.compression).to_string();
             match (averages, o.compression) {
                 (true, Some(c)) if *o == OuterSettings::averaging(c) => {}
@@ -242,7 +239,7 @@ impl AlgorithmSpec {
         }
         // Settings that would do nothing for this algorithm are refused, not ignored.
         if let Some(p) = self.period
-            && matches!(self.kind, AlgorithmKind::Ddp | AlgorithmKind::Hierarchical)
+            && !AlgorithmSetting::Period.applies_to(self.kind)
         {
             return Err(SettingError::new(
                 "period",
@@ -258,15 +255,7 @@ impl AlgorithmSpec {
                 ),
             ));
         }
-        if !self.levels.is_empty()
-            && matches!(
-                self.kind,
-                AlgorithmKind::Ddp
-                    | AlgorithmKind::LocalSgd
-                    | AlgorithmKind::PostLocalSgd
-                    | AlgorithmKind::StreamingDiloco
-            )
-        {
+        if !self.levels.is_empty() && !AlgorithmSetting::Levels.applies_to(self.kind) {
             return Err(SettingError::new(
                 "levels",
                 format!("{:?}", Levels::from(self.levels.clone()).to_string()),
@@ -312,18 +301,18 @@ impl AlgorithmSpec {
             }
             p => p.unwrap_or(0),
         };
-        if self.overlap > 0 && self.kind.is_outer() {
-            return Err(SettingError::new(
-                "overlap",
-                self.overlap,
-                format!(
-                    "`0`: `{}` takes its outer step on the synchronised average at the \
-                     synchronisation step itself, so its averages cannot be overlapped",
-                    self.kind.name()
-                ),
-            ));
-        }
-        if self.overlap > 0 && !averages {
+        if self.overlap > 0 && !AlgorithmSetting::Overlap.applies_to(self.kind) {
+            if self.kind.is_outer() {
+                return Err(SettingError::new(
+                    "overlap",
+                    self.overlap,
+                    format!(
+                        "`0`: `{}` takes its outer step on the synchronised average at the \
+                         synchronisation step itself, so its averages cannot be overlapped",
+                        self.kind.name()
+                    ),
+                ));
+            }
             return Err(SettingError::new(
                 "overlap",
                 self.overlap,
@@ -371,7 +360,9 @@ impl AlgorithmSpec {
         if let Some(o) = &self.outer {
             check_compression(o.compression, o.reduce)?;
         }
-        if self.compression != Compression::None && self.kind == AlgorithmKind::LocalSgd {
+        if self.compression != Compression::None
+            && !AlgorithmSetting::Compression.applies_to(self.kind)
+        {
             return Err(SettingError::new(
                 "compression",
                 format!("{:?}", self.compression).to_lowercase(),

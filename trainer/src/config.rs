@@ -6,6 +6,7 @@ use localsgd_averagers::PseudoGradient;
 use localsgd_comm::codec::Rounding;
 use localsgd_pipeline::algorithm::AlgorithmSpec;
 pub use localsgd_pipeline::pipeline::{Accumulation, BufferPolicy};
+use localsgd_pipeline::settings::AlgorithmSetting;
 pub use localsgd_pipeline::settings::{
     AlgorithmKind, Compression, Levels, OuterCompressionKind, OuterOptions, OuterSettings,
     PipelineBuckets, SettingError,
@@ -1464,6 +1465,21 @@ impl TrainConfig {
         Self::from_table(table).unwrap_or_else(|_| self.clone())
     }
 
+    /// These settings for algorithm `kind` (what `localsgd compare` runs): `algorithm` set to
+    /// it and every setting it does not take ([`AlgorithmSetting::applies_to`]) back at its
+    /// default.
+    pub fn for_algorithm(&self, kind: AlgorithmKind) -> Self {
+        let mut table: toml::Table = toml::from_str(&self.to_toml()).unwrap_or_default();
+        for setting in AlgorithmSetting::ALL {
+            if !setting.applies_to(kind) {
+                table.remove(setting.name());
+            }
+        }
+        let mut cfg = Self::from_table(table).unwrap_or_else(|_| self.clone());
+        cfg.algorithm = kind;
+        cfg
+    }
+
     /// Every setting given a value (other than its default) that this run would not use, as
     /// the refusal that names it.
     fn unused(&self) -> Vec<ConfigError> {
@@ -1635,32 +1651,33 @@ impl TrainConfig {
             ));
         }
         // Local SGD sends no gradients: the gradient buckets' settings do nothing.
-        if self.algorithm == AlgorithmKind::LocalSgd {
-            for (setting, value, given) in [
-                (
-                    "bucket-cap-mb",
-                    self.bucket_cap_mb.to_string(),
-                    self.bucket_cap_mb != d.bucket_cap_mb,
-                ),
-                (
-                    "first-bucket-mb",
-                    self.first_bucket_mb.to_string(),
-                    self.first_bucket_mb != d.first_bucket_mb,
-                ),
-                (
-                    "pipeline-buckets",
-                    value_name(&self.pipeline_buckets),
-                    self.pipeline_buckets != d.pipeline_buckets,
-                ),
-            ] {
-                if given {
-                    out.push(bad(
-                        setting,
-                        value,
-                        "unset: `algorithm` = local-sgd sends no gradients, so it has no \
-                         gradient buckets (drop the setting)",
-                    ));
-                }
+        for (setting, value, given) in [
+            (
+                AlgorithmSetting::BucketCapMb,
+                self.bucket_cap_mb.to_string(),
+                self.bucket_cap_mb != d.bucket_cap_mb,
+            ),
+            (
+                AlgorithmSetting::FirstBucketMb,
+                self.first_bucket_mb.to_string(),
+                self.first_bucket_mb != d.first_bucket_mb,
+            ),
+            (
+                AlgorithmSetting::PipelineBuckets,
+                value_name(&self.pipeline_buckets),
+                self.pipeline_buckets != d.pipeline_buckets,
+            ),
+        ] {
+            if given && !setting.applies_to(self.algorithm) {
+                out.push(bad(
+                    setting.name(),
+                    value,
+                    format!(
+                        "unset: `algorithm` = {} sends no gradients, so it has no gradient \
+                         buckets (drop the setting)",
+                        self.algorithm.name()
+                    ),
+                ));
             }
         }
         if self.accumulate == 1 && self.accumulation != d.accumulation {
@@ -1673,23 +1690,33 @@ impl TrainConfig {
         }
         // A resumed DDP run keeps what its checkpoint's identity records (the resume checks
         // it); a fresh one has no warmup.
-        if self.algorithm == AlgorithmKind::Ddp && !self.resume {
+        if !AlgorithmSetting::Warmup.applies_to(self.algorithm) && !self.resume {
             // 0 says what DDP does anyway.
             if self.warmup != d.warmup && self.warmup != 0 {
                 out.push(bad(
                     "warmup",
                     self.warmup,
-                    "unset: `algorithm` = ddp all-reduces gradients on every step and has no \
-                     warmup (drop the setting, or choose `post-local-sgd`, whose warmup it is)",
+                    format!(
+                        "unset: `algorithm` = {} all-reduces gradients on every step and has \
+                         no warmup (drop the setting, or choose `post-local-sgd`, whose warmup \
+                         it is)",
+                        self.algorithm.name()
+                    ),
                 ));
             }
-            if let Some(e) = self.warmup_epochs {
-                out.push(bad(
-                    "warmup-epochs",
-                    e,
-                    "unset: `algorithm` = ddp has no warmup",
-                ));
-            }
+        }
+        if !AlgorithmSetting::WarmupEpochs.applies_to(self.algorithm)
+            && !self.resume
+            && let Some(e) = self.warmup_epochs
+        {
+            out.push(bad(
+                "warmup-epochs",
+                e,
+                format!(
+                    "unset: `algorithm` = {} has no warmup",
+                    self.algorithm.name()
+                ),
+            ));
         }
         if let Some(steps) = self.steps
             && self.epochs != d.epochs

@@ -147,59 +147,22 @@ fn compare(flags: &ConfigFlags) -> Result<()> {
         AlgorithmKind::StreamingDiloco,
         AlgorithmKind::Slowmo,
     ] {
-        let mut cfg = base.clone();
-        cfg.algorithm = algorithm;
+        // Each algorithm with the settings it takes (`AlgorithmSetting::applies_to`): a given
+        // `period` for every algorithm that has one (else each its own default), outer
+        // settings for the outer algorithms, fragments for Streaming DiLoCo, and so on.
+        let mut cfg = base.for_algorithm(algorithm);
         cfg.progress = false;
-        // Each algorithm with the settings that apply to it: a given `period` for every
-        // algorithm that has one (else each its own default), the levels for hierarchical
-        // averaging alone (from the period when none are given), outer settings for the outer
-        // algorithms (their wire format also for the averaging ones), fragments for Streaming
-        // DiLoCo and the slow-step frequency for SlowMo.
-        let given_period = base.period;
-        match algorithm {
-            AlgorithmKind::Ddp => {
-                cfg.period = None;
-                // DDP has no warmup (it refuses one): the others take the given one.
-                cfg.warmup = localsgd_trainer::config::TrainConfig::default().warmup;
-                cfg.warmup_epochs = None;
+        // Given levels are hierarchical averaging's here (DiLoCo and SlowMo would take them as
+        // their lower levels); without any, `default_levels` from the given period.
+        if algorithm == AlgorithmKind::Hierarchical {
+            if cfg.levels.is_empty() {
+                let period = base.period.or(AlgorithmKind::PostLocalSgd.default_period());
+                cfg.levels =
+                    localsgd_pipeline::algorithm::default_levels(cfg.workers, period.unwrap_or(4))
+                        .into();
             }
-            AlgorithmKind::Hierarchical => {
-                if cfg.levels.is_empty() {
-                    let period = given_period.or(AlgorithmKind::PostLocalSgd.default_period());
-                    cfg.levels = localsgd_pipeline::algorithm::default_levels(
-                        cfg.workers,
-                        period.unwrap_or(4),
-                    )
-                    .into();
-                }
-                cfg.period = None;
-            }
-            _ => {}
-        }
-        if algorithm != AlgorithmKind::Hierarchical {
+        } else {
             cfg.levels = Default::default();
-        }
-        if !algorithm.is_outer() {
-            cfg.outer_lr = None;
-            cfg.outer_momentum = None;
-            cfg.outer_nesterov = None;
-            cfg.outer_reduce = None;
-        }
-        // The wire format of pseudo-gradients and averages: not for DDP (no averages) nor
-        // SlowMo (its slow step takes the averaged parameters, not deltas).
-        if matches!(algorithm, AlgorithmKind::Ddp | AlgorithmKind::Slowmo) {
-            cfg.average_compression = None;
-            cfg.average_compression_chunk = None;
-            cfg.average_rounding = None;
-            cfg.average_error_feedback = None;
-        }
-        if algorithm != AlgorithmKind::StreamingDiloco {
-            cfg.fragments = None;
-            cfg.fragment_sync_delay = None;
-            cfg.fragment_alpha = None;
-        }
-        if algorithm != AlgorithmKind::Slowmo {
-            cfg.slowmo_frequency = None;
         }
         cfg.validate()?;
         let started = Instant::now();

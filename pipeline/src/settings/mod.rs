@@ -2,8 +2,10 @@
 //! algorithm, the outer optimizer, bucket pipelining and gradient compression. Plain types
 //! (serde; `clap::ValueEnum` only with this crate's `clap` feature, for command lines).
 
+mod applies;
 mod outer;
 
+pub use applies::AlgorithmSetting;
 pub use outer::{OuterCompressionKind, OuterOptions, SLOWMO_FREQUENCY};
 pub(crate) use outer::{check_compression, rounding_name};
 

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
 
+use super::applies::AlgorithmSetting;
 use super::{AlgorithmKind, Levels, OuterSettings, SettingError};
 
 /// fairscale's `slowmo_frequency` default: SlowMo's slow step every 48 steps.
@@ -168,50 +169,54 @@ pub(crate) fn rounding_name(r: Rounding) -> &'static str {
     }
 }
 
-/// The outer settings that set the wire format of a pseudo-gradient or an average.
-const COMPRESSION_SETTINGS: [&str; 4] = [
-    "average-compression",
-    "average-compression-chunk",
-    "average-rounding",
-    "average-error-feedback",
-];
-
 impl OuterOptions {
     /// The given settings, by name and value, in the order they are reported.
-    fn given(&self) -> [(&'static str, Option<String>); 12] {
+    fn given(&self) -> [(AlgorithmSetting, Option<String>); 12] {
         [
-            ("outer-lr", self.lr.map(|v| v.to_string())),
-            ("outer-momentum", self.momentum.map(|v| v.to_string())),
-            ("outer-nesterov", self.nesterov.map(|v| v.to_string())),
+            (AlgorithmSetting::OuterLr, self.lr.map(|v| v.to_string())),
             (
-                "outer-reduce",
+                AlgorithmSetting::OuterMomentum,
+                self.momentum.map(|v| v.to_string()),
+            ),
+            (
+                AlgorithmSetting::OuterNesterov,
+                self.nesterov.map(|v| v.to_string()),
+            ),
+            (
+                AlgorithmSetting::OuterReduce,
                 self.reduce.map(|v| reduce_name(v).to_string()),
             ),
             (
-                "average-compression",
+                AlgorithmSetting::AverageCompression,
                 self.compression
                     .map(|c| OuterCompressionKind::from(Some(c)).to_string()),
             ),
             (
-                "average-compression-chunk",
+                AlgorithmSetting::AverageCompressionChunk,
                 self.compression_chunk.map(|v| v.to_string()),
             ),
             (
-                "average-rounding",
+                AlgorithmSetting::AverageRounding,
                 self.rounding.map(|r| rounding_name(r).to_string()),
             ),
             (
-                "average-error-feedback",
+                AlgorithmSetting::AverageErrorFeedback,
                 self.error_feedback.map(|v| v.to_string()),
             ),
-            ("fragments", self.fragments.map(|v| v.to_string())),
             (
-                "fragment-sync-delay",
+                AlgorithmSetting::Fragments,
+                self.fragments.map(|v| v.to_string()),
+            ),
+            (
+                AlgorithmSetting::FragmentSyncDelay,
                 self.fragment_sync_delay.map(|v| v.to_string()),
             ),
-            ("fragment-alpha", self.fragment_alpha.map(|v| v.to_string())),
             (
-                "slowmo-frequency",
+                AlgorithmSetting::FragmentAlpha,
+                self.fragment_alpha.map(|v| v.to_string()),
+            ),
+            (
+                AlgorithmSetting::SlowmoFrequency,
                 self.slowmo_frequency.map(|v| v.to_string()),
             ),
         ]
@@ -240,14 +245,11 @@ impl OuterSettings {
     ) -> Result<Option<Self>, SettingError> {
         if !kind.is_outer() {
             // The averaging algorithms take the wire format of their averages, nothing else.
-            let averages = matches!(
-                kind,
-                AlgorithmKind::LocalSgd | AlgorithmKind::PostLocalSgd | AlgorithmKind::Hierarchical
-            );
+            let averages = AlgorithmSetting::AverageCompression.applies_to(kind);
             if let Some((setting, Some(value))) = options
                 .given()
                 .into_iter()
-                .find(|g| g.1.is_some() && !(averages && COMPRESSION_SETTINGS.contains(&g.0)))
+                .find(|g| g.1.is_some() && !g.0.applies_to(kind))
             {
                 let valid = if averages {
                     format!(
@@ -264,7 +266,7 @@ impl OuterSettings {
                         kind.name()
                     )
                 };
-                return Err(bad(setting, value, valid));
+                return Err(bad(setting.name(), value, valid));
             }
             let compression = resolve_compression(options)?;
             check_compression(compression, PseudoGradient::MeanOfDeltas)?;
@@ -446,7 +448,7 @@ fn streaming(
     reduce: PseudoGradient,
     o: &OuterOptions,
 ) -> Result<Option<StreamingConfig>, SettingError> {
-    if kind != AlgorithmKind::StreamingDiloco {
+    if !AlgorithmSetting::Fragments.applies_to(kind) {
         let given = match (o.fragments, o.fragment_sync_delay, o.fragment_alpha) {
             (Some(f), _, _) => Some(("fragments", f.to_string())),
             (None, Some(d), _) => Some(("fragment-sync-delay", d.to_string())),
@@ -531,7 +533,7 @@ fn slowmo_frequency(
     optimizer: &OuterOptimizer,
     o: &OuterOptions,
 ) -> Result<Option<u64>, SettingError> {
-    let OuterOptimizer::SlowMo { lr, momentum } = *optimizer else {
+    if !AlgorithmSetting::SlowmoFrequency.applies_to(kind) {
         return match o.slowmo_frequency {
             Some(f) => Err(bad(
                 "slowmo-frequency",
@@ -544,6 +546,10 @@ fn slowmo_frequency(
             )),
             None => Ok(None),
         };
+    }
+    // `optimizer` gives `slowmo` SlowMo's slow step, always.
+    let OuterOptimizer::SlowMo { lr, momentum } = *optimizer else {
+        return Ok(None);
     };
     if !levels.is_empty() {
         return match o.slowmo_frequency {

@@ -1,6 +1,7 @@
 //! The trainer crate's integration tests, one binary (each former `tests/*.rs` is a module), so
 //! burn and the crate are linked once instead of once per file.
 
+mod algorithm_settings;
 mod book_config;
 mod book_samples;
 mod checkpoint_fuzz;
