@@ -80,7 +80,7 @@ pub use error::{AveragerError, RankParams};
 pub use group::new_group;
 pub use hierarchical::{Hierarchical, HierarchicalModelAverager, validate_levels};
 pub use outer::{
-    OuterAverager, OuterCompression, OuterOptimizer, OuterSgd, OuterSgdConfig, OuterState,
+    AverageCompression, OuterAverager, OuterOptimizer, OuterSgd, OuterSgdConfig, OuterState,
     PseudoGradient, SlowMoConfig, StreamingConfig,
 };
 pub use overlap::{Overlap, PendingAverage};

@@ -4,10 +4,12 @@
 
 use std::time::Duration;
 
-pub use localsgd_averagers::OuterCompression;
+pub use localsgd_averagers::AverageCompression;
 pub use localsgd_pipeline::algorithm::AlgorithmSpec;
 pub use localsgd_pipeline::pipeline::BufferPolicy;
-pub use localsgd_pipeline::settings::{AlgorithmKind, Levels, OuterCompressionKind, OuterSettings};
+pub use localsgd_pipeline::settings::{
+    AlgorithmKind, AverageCompressionKind, Levels, OuterSettings,
+};
 
 pub use crate::error::StrategyError;
 

@@ -49,7 +49,7 @@ pub mod state;
 mod strategy;
 
 pub use config::{
-    AlgorithmKind, AlgorithmSpec, BufferPolicy, Levels, OuterCompression, OuterCompressionKind,
+    AlgorithmKind, AlgorithmSpec, AverageCompression, AverageCompressionKind, BufferPolicy, Levels,
     OuterSettings, StrategyConfig,
 };
 pub use console::ConsoleRenderer;

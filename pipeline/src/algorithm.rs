@@ -3,16 +3,16 @@
 
 use crate::pipeline::error::PipelineError;
 use crate::settings::{
-    AlgorithmKind, AlgorithmSetting, Compression, Levels, OuterCompressionKind, OuterSettings,
-    PipelineBuckets, SettingError, check_compression, rounding_name,
+    AlgorithmKind, AlgorithmSetting, AverageCompressionKind, GradientCompression, Levels,
+    OuterSettings, PipelineBuckets, SettingError, check_compression, rounding_name,
 };
 use localsgd_averagers::{
-    HierarchicalModelAverager, Level, ModelAverager, OuterAverager, OuterCompression,
+    AverageCompression, HierarchicalModelAverager, Level, ModelAverager, OuterAverager,
     OuterOptimizer, PeriodicModelAverager, SlowMoConfig, StreamingConfig, validate_levels,
 };
 use localsgd_comm::Group;
 use localsgd_hooks::{
-    AllReduceHook, BucketCaps, CommHook, CompressHook, GradientReducer, PostLocalSgdHook, Precision,
+    AllReduceHook, BucketCaps, CommHook, CompressHook, GradientReducer, PostLocalSgdHook,
 };
 
 /// The algorithm part of a configuration, independent of the binary's other settings.
@@ -38,7 +38,7 @@ pub struct AlgorithmSpec {
     /// Bucket caps.
     pub caps: BucketCaps,
     /// Compression around the hook.
-    pub compression: Compression,
+    pub compression: GradientCompression,
     /// The outer optimizer, pseudo-gradient reduction and compression (`diloco`,
     /// `streaming-diloco`, `slowmo`); for `local-sgd`, `post-local-sgd` and `hierarchical`
     /// [`OuterSettings::averaging`] to compress their world averages, else `None`; `None` for
@@ -186,7 +186,7 @@ impl AlgorithmSpec {
         // Outer settings on an averaging algorithm: only its averages' wire format.
         if let (false, Some(o)) = (self.kind.is_outer(), &self.outer) {
             let averages = AlgorithmSetting::AverageCompression.applies_to(self.kind);
-            let compression = OuterCompressionKind::from(o.compression).to_string();
+            let compression = AverageCompressionKind::from(o.compression).to_string();
             match (averages, o.compression) {
                 (true, Some(c)) if *o == OuterSettings::averaging(c) => {}
                 (true, _) => {
@@ -360,7 +360,7 @@ impl AlgorithmSpec {
         if let Some(o) = &self.outer {
             check_compression(o.compression, o.reduce)?;
         }
-        if self.compression != Compression::None
+        if self.compression != GradientCompression::None
             && !AlgorithmSetting::Compression.applies_to(self.kind)
         {
             return Err(SettingError::new(
@@ -399,8 +399,8 @@ impl AlgorithmSpec {
                 // a lossy codec with its chunk, rounding and error feedback (not the stochastic
                 // rounding's seed: the run's seed, which the identity leaves out).
                 let compression = match o.compression {
-                    Some(OuterCompression::Half(p)) => format!(" average_compression={p}"),
-                    Some(OuterCompression::Lossy {
+                    Some(AverageCompression::Half(p)) => format!(" average_compression={p}"),
+                    Some(AverageCompression::Lossy {
                         spec,
                         error_feedback,
                     }) => format!(
@@ -463,7 +463,7 @@ impl Default for AlgorithmSpec {
             post_local_allreduce: false,
             pipeline_buckets: PipelineBuckets::Auto,
             caps: BucketCaps::default(),
-            compression: Compression::None,
+            compression: GradientCompression::None,
             outer: None,
         }
     }
@@ -477,11 +477,10 @@ pub struct AlgorithmParts {
     pub averager: Option<Box<dyn ModelAverager>>,
 }
 
-fn wrap(hook: Box<dyn CommHook>, compression: Compression) -> Box<dyn CommHook> {
-    match compression {
-        Compression::None => hook,
-        Compression::Fp16 => Box::new(CompressHook::new(Precision::Fp16, hook)),
-        Compression::Bf16 => Box::new(CompressHook::new(Precision::Bf16, hook)),
+fn wrap(hook: Box<dyn CommHook>, compression: GradientCompression) -> Box<dyn CommHook> {
+    match compression.precision() {
+        None => hook,
+        Some(p) => Box::new(CompressHook::new(p, hook)),
     }
 }
 
@@ -679,8 +678,8 @@ pub fn default_levels(workers: usize, period: u64) -> Vec<Level> {
 #[cfg(test)]
 mod tests {
     use super::{AlgorithmSpec, pipelines};
-    use crate::settings::{AlgorithmKind, OuterCompressionKind, OuterOptions, OuterSettings};
-    use localsgd_averagers::{OuterCompression, PseudoGradient};
+    use crate::settings::{AlgorithmKind, AverageCompressionKind, OuterOptions, OuterSettings};
+    use localsgd_averagers::{AverageCompression, PseudoGradient};
     use localsgd_comm::Precision;
     use localsgd_comm::codec::Rounding;
 
@@ -693,8 +692,10 @@ mod tests {
         })
     }
 
-    fn kind(text: &str) -> Option<OuterCompression> {
-        text.parse::<OuterCompressionKind>().unwrap().compression()
+    fn kind(text: &str) -> Option<AverageCompression> {
+        text.parse::<AverageCompressionKind>()
+            .unwrap()
+            .compression()
     }
 
     #[test]
@@ -740,7 +741,7 @@ mod tests {
             ..OuterOptions::default()
         })
         .unwrap();
-        let Some(OuterCompression::Lossy {
+        let Some(AverageCompression::Lossy {
             spec: codec,
             error_feedback,
         }) = spec.outer.unwrap().compression
@@ -872,7 +873,7 @@ mod tests {
             AlgorithmKind::PostLocalSgd,
             AlgorithmKind::Hierarchical,
         ] {
-            let Some(OuterCompression::Lossy {
+            let Some(AverageCompression::Lossy {
                 spec,
                 error_feedback,
             }) = averaging(k, int4).unwrap().and_then(|o| o.compression)
@@ -912,7 +913,7 @@ mod tests {
     #[test]
     fn averages_with_compression_are_checked_by_validate() {
         let mut spec = AlgorithmSpec::post_local_sgd(0, 4);
-        spec.outer = Some(OuterSettings::averaging(OuterCompression::lossy(
+        spec.outer = Some(OuterSettings::averaging(AverageCompression::lossy(
             "int8".parse().unwrap(),
         )));
         assert_eq!(spec.validate(2), Ok(()));
@@ -932,7 +933,7 @@ mod tests {
                 .contains("`OuterSettings::averaging(compression)` or unset"),
         );
         let mut ddp = AlgorithmSpec::ddp();
-        ddp.outer = Some(OuterSettings::averaging(OuterCompression::Half(
+        ddp.outer = Some(OuterSettings::averaging(AverageCompression::Half(
             localsgd_comm::Precision::Fp16,
         )));
         assert!(ddp.validate(2).unwrap_err().to_string().starts_with(
@@ -951,9 +952,9 @@ mod tests {
     fn settings_built_in_code_are_checked_by_validate() {
         let mut spec = AlgorithmSpec::diloco(8);
         let outer = spec.outer.as_mut().unwrap();
-        outer.compression = Some(OuterCompression::lossy("int8".parse().unwrap()));
+        outer.compression = Some(AverageCompression::lossy("int8".parse().unwrap()));
         spec.validate(2).unwrap();
-        let Some(OuterCompression::Lossy { spec: codec, .. }) =
+        let Some(AverageCompression::Lossy { spec: codec, .. }) =
             &mut outer_mut(&mut spec).compression
         else {
             unreachable!()
@@ -989,18 +990,21 @@ mod tests {
             "topk:0.5+int8",
             "topk:1+int4",
         ] {
-            let kind: OuterCompressionKind = text.parse().unwrap();
+            let kind: AverageCompressionKind = text.parse().unwrap();
             assert_eq!(kind.to_string(), text);
-            assert_eq!(OuterCompressionKind::from(kind.compression()), kind);
+            assert_eq!(AverageCompressionKind::from(kind.compression()), kind);
         }
         assert_eq!(kind("none"), None);
-        assert_eq!(kind("bf16"), Some(OuterCompression::Half(Precision::Bf16)));
+        assert_eq!(
+            kind("bf16"),
+            Some(AverageCompression::Half(Precision::Bf16))
+        );
         assert_eq!(
             kind("int8"),
-            Some(OuterCompression::lossy("int8".parse().unwrap()))
+            Some(AverageCompression::lossy("int8".parse().unwrap()))
         );
         let err = |text: &str| {
-            text.parse::<OuterCompressionKind>()
+            text.parse::<AverageCompressionKind>()
                 .unwrap_err()
                 .to_string()
         };

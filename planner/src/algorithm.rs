@@ -1,6 +1,6 @@
 //! The algorithms the cost model knows, and their names.
 
-use localsgd_averagers::{Level, OuterCompression};
+use localsgd_averagers::{AverageCompression, Level};
 use localsgd_pipeline::settings::Levels;
 use serde::Serialize;
 
@@ -24,8 +24,8 @@ pub enum Algorithm {
         /// The averages' wire format (`average-compression`; `None`: the f32 parameters, 4 bytes
         /// a parameter): each average sends the delta from the last one, as [`Algorithm::Outer`]
         /// sends its pseudo-gradient: half precision all-reduced (2 bytes a parameter), or a
-        /// lossy codec's messages of [`OuterCompression::wire_bytes`] all-gathered.
-        compression: Option<OuterCompression>,
+        /// lossy codec's messages of [`AverageCompression::wire_bytes`] all-gathered.
+        compression: Option<AverageCompression>,
     },
     /// Hierarchical averaging (post-local SGD hook during warmup).
     Hierarchical {
@@ -35,7 +35,7 @@ pub enum Algorithm {
         /// The wire format of the averages of the level whose group is the world
         /// (`average-compression`; `None`: f32), as [`Algorithm::Periodic`]'s; the levels of
         /// smaller groups always all-reduce the f32 parameters.
-        compression: Option<OuterCompression>,
+        compression: Option<AverageCompression>,
     },
     /// An outer-optimizer step over the world after every `period` local steps (DiLoCo,
     /// SlowMo: gradient all-reduce during the warmup, then syncs after iterations
@@ -50,8 +50,8 @@ pub enum Algorithm {
         slowmo: bool,
         /// The pseudo-gradients' wire format (`average-compression`; `None`: f32, 4 bytes a
         /// parameter): half precision all-reduced (2 bytes a parameter), or a lossy codec's
-        /// messages of [`OuterCompression::wire_bytes`] all-gathered.
-        compression: Option<OuterCompression>,
+        /// messages of [`AverageCompression::wire_bytes`] all-gathered.
+        compression: Option<AverageCompression>,
     },
 }
 

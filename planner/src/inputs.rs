@@ -9,7 +9,7 @@ use crate::predict::{Prediction, predict, run_seconds};
 use crate::recommend::{recommend_levels, recommend_period};
 use crate::schedule::Schedule;
 use crate::workload::Workload;
-use localsgd_averagers::{Level, OuterCompression};
+use localsgd_averagers::{AverageCompression, Level};
 use localsgd_comm::codec::CodecError;
 
 /// The most iterations a [`RunListing`] lists (three numbers each).
@@ -96,9 +96,9 @@ pub struct PlanInputs {
     /// DiLoCo's and SlowMo's pseudo-gradients, and the averages of local-sgd, post-local-sgd
     /// and hierarchical's world level (each the delta from the last average), on the wire
     /// (`None`: f32): half precision, or a lossy codec (its bytes per sync
-    /// [`OuterCompression::wire_bytes`], all-gathered). Also the recommendations' averages.
+    /// [`AverageCompression::wire_bytes`], all-gathered). Also the recommendations' averages.
     /// Refused where every algorithm named is ddp, which has nothing to compress.
-    pub average_compression: Option<OuterCompression>,
+    pub average_compression: Option<AverageCompression>,
     /// Pipelined gradient sync.
     pub pipelined: bool,
     /// Target share of communication in a steady iteration, for the recommendations.
@@ -206,7 +206,7 @@ impl PlanInputs {
             return Err(invalid_input("params", 0, "at least 1 parameter"));
         }
         if let Some(c) = self.average_compression
-            && let (Err(e), OuterCompression::Lossy { spec, .. }) = (c.validate(), c)
+            && let (Err(e), AverageCompression::Lossy { spec, .. }) = (c.validate(), c)
         {
             return Err(match e {
                 CodecError::ZeroChunk | CodecError::ChunkTooLarge { .. } => {
@@ -235,7 +235,7 @@ impl PlanInputs {
             && algorithms.iter().all(|a| *a == Algorithm::Ddp)
         {
             let value = match c {
-                OuterCompression::Lossy { spec, .. } => spec.codec.to_string(),
+                AverageCompression::Lossy { spec, .. } => spec.codec.to_string(),
                 half => half.to_string(),
             };
             return Err(invalid_input(
@@ -514,8 +514,8 @@ mod tests {
         );
         // A lossy codec's chunk and fraction, named as the flags that give them.
         let lossy = |codec: &str, chunk| {
-            let mut c = OuterCompression::lossy(codec.parse().unwrap());
-            if let OuterCompression::Lossy { spec, .. } = &mut c {
+            let mut c = AverageCompression::lossy(codec.parse().unwrap());
+            if let AverageCompression::Lossy { spec, .. } = &mut c {
                 spec.chunk = chunk;
             }
             Some(c)
@@ -633,7 +633,7 @@ mod tests {
 
     #[test]
     fn average_compression_needs_an_algorithm_that_averages_models() {
-        let lossy = |codec: &str| Some(OuterCompression::lossy(codec.parse().unwrap()));
+        let lossy = |codec: &str| Some(AverageCompression::lossy(codec.parse().unwrap()));
         let err = |algorithms: &[&str], average_compression, overlap| {
             PlanInputs {
                 algorithms: algorithms.iter().map(|&a| a.into()).collect(),

@@ -6,7 +6,7 @@ use crate::cluster::Cluster;
 use crate::error::{PlanError, invalid};
 use crate::predict::predict;
 use crate::workload::Workload;
-use localsgd_averagers::{Level, OuterCompression};
+use localsgd_averagers::{AverageCompression, Level};
 
 /// A target communication share must be a fraction strictly between 0 and 1.
 fn check_target(target: f64) -> Result<(), PlanError> {
@@ -28,7 +28,7 @@ fn check_target(target: f64) -> Result<(), PlanError> {
 pub fn recommend_period(
     work: &Workload,
     cluster: &Cluster,
-    compression: Option<OuterCompression>,
+    compression: Option<AverageCompression>,
     target: f64,
     max_period: u64,
 ) -> Result<Option<u64>, PlanError> {
@@ -72,7 +72,7 @@ pub fn recommend_period(
 pub fn recommend_levels(
     work: &Workload,
     cluster: &Cluster,
-    compression: Option<OuterCompression>,
+    compression: Option<AverageCompression>,
     target: f64,
     max_period: u64,
 ) -> Result<Option<Vec<Level>>, PlanError> {

@@ -3,7 +3,7 @@
 use crate::algorithm::Algorithm;
 use crate::error::{PlanError, invalid};
 use crate::workload::Workload;
-use localsgd_averagers::{OuterCompression, validate_levels};
+use localsgd_averagers::{AverageCompression, validate_levels};
 use localsgd_pipeline::settings::Levels;
 
 /// One collective of an iteration: group size, payload bytes, and whether it is float data.
@@ -294,7 +294,7 @@ impl Schedule {
 }
 
 /// An `average-compression` the averagers would refuse, named as the setting.
-fn check_compression(compression: Option<OuterCompression>) -> Result<(), PlanError> {
+fn check_compression(compression: Option<AverageCompression>) -> Result<(), PlanError> {
     if let Some(c) = compression
         && let Err(e) = c.validate()
     {
@@ -305,18 +305,18 @@ fn check_compression(compression: Option<OuterCompression>) -> Result<(), PlanEr
 
 /// Whether compressed averages are all-gathered (a lossy codec's messages) rather than
 /// all-reduced.
-fn is_lossy(compression: Option<OuterCompression>) -> bool {
-    matches!(compression, Some(OuterCompression::Lossy { .. }))
+fn is_lossy(compression: Option<AverageCompression>) -> bool {
+    matches!(compression, Some(AverageCompression::Lossy { .. }))
 }
 
 /// Bytes one rank sends of a sync's pseudo-gradient of `params` values: 4 a value in f32, 2 in
-/// half precision, a lossy codec's message ([`OuterCompression::wire_bytes`], taken chunk by
+/// half precision, a lossy codec's message ([`AverageCompression::wire_bytes`], taken chunk by
 /// chunk so that no count overflows).
-pub(crate) fn pseudo_gradient_bytes(compression: Option<OuterCompression>, params: u64) -> u64 {
+pub(crate) fn pseudo_gradient_bytes(compression: Option<AverageCompression>, params: u64) -> u64 {
     match compression {
         None => params.saturating_mul(4),
-        Some(OuterCompression::Half(_)) => params.saturating_mul(2),
-        Some(c @ OuterCompression::Lossy { spec, .. }) => {
+        Some(AverageCompression::Half(_)) => params.saturating_mul(2),
+        Some(c @ AverageCompression::Lossy { spec, .. }) => {
             // A message is its full chunks' bytes plus the last, shorter chunk's.
             let chunk = spec.chunk.max(1) as u64;
             let (full, tail) = (params / chunk, params % chunk);
@@ -445,7 +445,7 @@ mod tests {
             compression,
         };
         let lossy = |codec: &str, chunk| {
-            Some(OuterCompression::Lossy {
+            Some(AverageCompression::Lossy {
                 spec: CodecSpec {
                     codec: codec.parse().unwrap(),
                     chunk,
@@ -501,9 +501,9 @@ mod tests {
     }
 
     /// `int8` with chunks of 128, error feedback on.
-    fn int8() -> OuterCompression {
+    fn int8() -> AverageCompression {
         use localsgd_comm::codec::{CodecSpec, Rounding};
-        OuterCompression::Lossy {
+        AverageCompression::Lossy {
             spec: CodecSpec {
                 codec: "int8".parse().unwrap(),
                 chunk: 128,
@@ -521,7 +521,7 @@ mod tests {
             warmup: 3,
             ..work(1000, 1e-3)
         };
-        let OuterCompression::Lossy { spec, .. } = int8() else {
+        let AverageCompression::Lossy { spec, .. } = int8() else {
             unreachable!()
         };
         // 7 chunks of 128 values and one of 104: 1 byte a value, a 4-byte scale a chunk.
@@ -601,13 +601,13 @@ mod tests {
         // A one-level hierarchy over the world compresses every average.
         let world = Algorithm::Hierarchical {
             levels: vec![Level::from((4, 2))],
-            compression: Some(OuterCompression::from(localsgd_comm::Precision::Bf16)),
+            compression: Some(AverageCompression::from(localsgd_comm::Precision::Bf16)),
         };
         let s = Schedule::new(&world, 2, &work(1000, 1e-3)).unwrap();
         assert_eq!(s.payload(4), (8 + 32 + 2000, 2000));
         // A codec the averager would refuse is refused here too.
         let mut bad = int8();
-        if let OuterCompression::Lossy { spec, .. } = &mut bad {
+        if let AverageCompression::Lossy { spec, .. } = &mut bad {
             spec.chunk = 0;
         }
         let e = Schedule::new(

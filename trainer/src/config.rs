@@ -8,8 +8,8 @@ use localsgd_pipeline::algorithm::AlgorithmSpec;
 pub use localsgd_pipeline::pipeline::{Accumulation, BufferPolicy};
 use localsgd_pipeline::settings::AlgorithmSetting;
 pub use localsgd_pipeline::settings::{
-    AlgorithmKind, Compression, Levels, OuterCompressionKind, OuterOptions, OuterSettings,
-    PipelineBuckets, SettingError,
+    AlgorithmKind, AverageCompressionKind, GradientCompression, Levels, OuterOptions,
+    OuterSettings, PipelineBuckets, SettingError,
 };
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -525,7 +525,7 @@ settings! {
         /// warning.
         #[setting(type = "`none` | `fp16` | `bf16` | `int8` | `int4` | `topk:F` | `topk:F+int8` | `topk:F+int4`, optional", unset = "`none`")]
         #[formerly("outer-compression")]
-        average_compression: Option<OuterCompressionKind> as OuterCompressionKind = None,
+        average_compression: Option<AverageCompressionKind> as AverageCompressionKind = None,
         /// A lossy `average-compression`'s chunk: the values that share one scale and, for
         /// top-k, are selected from together.
         ///
@@ -659,7 +659,7 @@ settings! {
         /// sends no gradients, refuses it. Part of the checkpoint identity.
         #[setting(type = "`none` | `fp16` | `bf16`")]
         #[arg(value_enum)]
-        compression: Compression = Compression::None,
+        compression: GradientCompression = GradientCompression::None,
     }
 
     section "Model, data and optimizer" {
@@ -1114,7 +1114,7 @@ impl TrainConfig {
             reduce: self.outer_reduce,
             compression: self
                 .average_compression
-                .and_then(OuterCompressionKind::compression),
+                .and_then(AverageCompressionKind::compression),
             compression_chunk: self.average_compression_chunk,
             rounding: self.average_rounding.map(|r| r.rounding(self.seed)),
             error_feedback: self.average_error_feedback,

@@ -232,11 +232,11 @@ pub(crate) fn report(cfg: &TrainConfig, outcome: &RankOutcome, dir: &Path) -> Re
 /// after it) in `compression`'s, model averages or pseudo-gradients in `average-compression`'s
 /// (hierarchical averaging compresses its whole-world level only).
 pub(crate) fn wire_format(cfg: &TrainConfig) -> String {
-    use localsgd_trainer::config::{AlgorithmKind, Compression};
+    use localsgd_trainer::config::{AlgorithmKind, GradientCompression};
     let format = match cfg.compression {
-        Compression::None => "f32",
-        Compression::Fp16 => "fp16",
-        Compression::Bf16 => "bf16",
+        GradientCompression::None => "f32",
+        GradientCompression::Fp16 => "fp16",
+        GradientCompression::Bf16 => "bf16",
     };
     let outer = match cfg.average_compression.map(|c| c.to_string()) {
         Some(c) if c != "none" => c,

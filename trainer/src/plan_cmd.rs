@@ -6,10 +6,10 @@
 //! (`PlanInputs`); this file reads the flags and prints.
 
 use anyhow::{Context, Result};
-use localsgd_averagers::OuterCompression;
+use localsgd_averagers::AverageCompression;
 use localsgd_models::mlp::MlpConfig;
 use localsgd_planner::{Plan, PlanError, PlanInputs};
-use localsgd_trainer::config::{Compression, Levels, OuterCompressionKind};
+use localsgd_trainer::config::{AverageCompressionKind, GradientCompression, Levels};
 use std::path::PathBuf;
 
 /// Flags of `localsgd plan`.
@@ -108,7 +108,7 @@ pub(crate) struct PlanFlags {
     log_every: u64,
     /// Gradient compression.
     #[arg(long, value_enum, default_value = "none")]
-    compression: Compression,
+    compression: GradientCompression,
     /// diloco: pseudo-gradient compression; local-sgd, post-local-sgd and hierarchical's world
     /// level: the averages' (each the delta from the last average; --overlap 0), as `localsgd
     /// train --average-compression`: none, fp16, bf16 (2 bytes a parameter per sync,
@@ -116,7 +116,7 @@ pub(crate) struct PlanFlags {
     /// all-gathered). The recommendations average in it too; refused when ddp is the only
     /// algorithm.
     #[arg(long, default_value = "none", alias = "outer-compression")]
-    average_compression: OuterCompressionKind,
+    average_compression: AverageCompressionKind,
     /// A lossy --average-compression's chunk, as `localsgd train
     /// --average-compression-chunk` (4 bytes of scale per chunk; default 1024).
     #[arg(long, alias = "outer-compression-chunk")]
@@ -180,14 +180,14 @@ impl PlanFlags {
             levels: self.levels.as_slice().to_vec(),
             warmup: self.warmup,
             log_every: self.log_every,
-            compressed: self.compression != Compression::None,
+            compressed: self.compression != GradientCompression::None,
             average_compression: self.average_compression.compression().map(|c| match c {
-                OuterCompression::Lossy {
+                AverageCompression::Lossy {
                     mut spec,
                     error_feedback,
                 } => {
                     spec.chunk = self.average_compression_chunk.unwrap_or(spec.chunk);
-                    OuterCompression::Lossy {
+                    AverageCompression::Lossy {
                         spec,
                         error_feedback,
                     }
@@ -202,7 +202,7 @@ impl PlanFlags {
 }
 
 pub(crate) fn run(flags: &PlanFlags) -> Result<()> {
-    if let (Some(chunk), OuterCompressionKind::None | OuterCompressionKind::Half(_)) =
+    if let (Some(chunk), AverageCompressionKind::None | AverageCompressionKind::Half(_)) =
         (flags.average_compression_chunk, flags.average_compression)
     {
         anyhow::bail!(

@@ -1,6 +1,15 @@
-//! How an outer averager's pseudo-gradients travel: in half precision through an all-reduce,
-//! or through a lossy codec (int8, int4, top-k; `localsgd_comm::codec`) as an all-gather of
-//! every rank's message, decoded and summed in rank order.
+//! How averages and pseudo-gradients travel ([`AverageCompression`], the setting
+//! `average-compression`): in half precision through an all-reduce, or through a lossy codec
+//! (int8, int4, top-k; `localsgd_comm::codec`) as an all-gather of every rank's message,
+//! decoded and summed in rank order.
+//!
+//! The wire formats' names, across the crates: [`Precision`] (`fp16`, `bf16`) and
+//! [`Codec`] / [`CodecSpec`] (a lossy codec, with its chunk and rounding) are what a buffer is
+//! encoded in (`localsgd-comm`); what gradients travel as is `GradientCompression` (the
+//! setting `compression`: full or a [`Precision`]), what averages and pseudo-gradients travel
+//! as is [`AverageCompression`] (a [`Precision`] or a [`CodecSpec`] with error feedback), and
+//! `AverageCompressionKind` is the setting's value before a codec's options are applied
+//! (`localsgd-pipeline`'s settings).
 
 use localsgd_comm::Precision;
 use localsgd_comm::codec::{Codec, CodecError, CodecSpec, Rounding};
@@ -11,10 +20,10 @@ use std::fmt;
 /// otherwise: 4 bytes of scale per 1024 values.
 pub const DEFAULT_CHUNK: usize = 1024;
 
-/// The pseudo-gradients' wire format (semantics §8 and §11).
+/// The wire format of averages and pseudo-gradients (semantics §8 and §11).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum OuterCompression {
+pub enum AverageCompression {
     /// Rounded once to half precision, divided by the group size and summed in that precision
     /// (an all-reduce; OpenDiLoCo's fp16).
     Half(Precision),
@@ -30,16 +39,16 @@ pub enum OuterCompression {
     },
 }
 
-impl From<Precision> for OuterCompression {
+impl From<Precision> for AverageCompression {
     fn from(p: Precision) -> Self {
-        OuterCompression::Half(p)
+        AverageCompression::Half(p)
     }
 }
 
-impl OuterCompression {
+impl AverageCompression {
     /// `codec` with [`DEFAULT_CHUNK`], nearest rounding and error feedback.
     pub fn lossy(codec: Codec) -> Self {
-        OuterCompression::Lossy {
+        AverageCompression::Lossy {
             spec: CodecSpec {
                 codec,
                 chunk: DEFAULT_CHUNK,
@@ -52,8 +61,8 @@ impl OuterCompression {
     /// Check the codec's settings (chunk size, top-k fraction).
     pub fn validate(&self) -> Result<(), CodecError> {
         match self {
-            OuterCompression::Half(_) => Ok(()),
-            OuterCompression::Lossy { spec, .. } => spec.validate(),
+            AverageCompression::Half(_) => Ok(()),
+            AverageCompression::Lossy { spec, .. } => spec.validate(),
         }
     }
 
@@ -62,17 +71,17 @@ impl OuterCompression {
     /// lossy one.
     pub fn wire_bytes(&self, n: usize) -> usize {
         match self {
-            OuterCompression::Half(_) => 2 * n,
-            OuterCompression::Lossy { spec, .. } => localsgd_comm::codec::wire_bytes(spec, n),
+            AverageCompression::Half(_) => 2 * n,
+            AverageCompression::Lossy { spec, .. } => localsgd_comm::codec::wire_bytes(spec, n),
         }
     }
 }
 
-impl fmt::Display for OuterCompression {
+impl fmt::Display for AverageCompression {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            OuterCompression::Half(p) => write!(f, "{p}"),
-            OuterCompression::Lossy {
+            AverageCompression::Half(p) => write!(f, "{p}"),
+            AverageCompression::Lossy {
                 spec,
                 error_feedback,
             } => {

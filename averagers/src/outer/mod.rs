@@ -38,7 +38,7 @@
 //!   back in with α ([`StreamingConfig`]).
 //! - **Compression**: [`OuterAverager::with_compression`] sends the pseudo-gradients in fp16 or
 //!   bf16, or quantized (int8, int4) and sparsified (top-k) with error feedback
-//!   ([`OuterCompression`]).
+//!   ([`AverageCompression`]).
 //!
 //! Four workers (threads) with targets 0..3 fit `w` by SGD; DiLoCo syncs every 3 steps. The
 //! numbers are the outer-optimizer vector V2 (semantics §10):
@@ -91,7 +91,7 @@ mod state;
 mod streaming;
 mod wire;
 
-pub use compression::{DEFAULT_CHUNK, OuterCompression};
+pub use compression::{AverageCompression, DEFAULT_CHUNK};
 pub use optimizer::{OuterOptimizer, PseudoGradient};
 pub use sgd::{OuterSgd, OuterSgdConfig};
 pub use slowmo::SlowMoConfig;
@@ -160,7 +160,7 @@ pub struct OuterAverager {
     /// taken.
     global: Vec<Global>,
     outer_steps: u64,
-    compression: Option<OuterCompression>,
+    compression: Option<AverageCompression>,
     streaming: Option<Streaming>,
     /// SlowMo's two frequencies (built by [`slowmo`](Self::slowmo)).
     slowmo: Option<SlowMoCadence>,
@@ -354,10 +354,10 @@ impl OuterAverager {
 
     /// Send the pseudo-gradients compressed (`None`: full precision).
     ///
-    /// [`OuterCompression::Half`]: OpenDiLoCo all-reduces them in fp16 "without any performance
+    /// [`AverageCompression::Half`]: OpenDiLoCo all-reduces them in fp16 "without any performance
     /// degradation"; each rank's `θ − x_r` is rounded to the precision once, divided by the
     /// group size and summed there (the hooks' compressed average), half the bytes of an f32
-    /// sync. [`OuterCompression::Lossy`]: int8, int4 or top-k messages (INTELLECT-1, Streaming
+    /// sync. [`AverageCompression::Lossy`]: int8, int4 or top-k messages (INTELLECT-1, Streaming
     /// DiLoCo, SparseLoCo), all-gathered and summed in rank order (semantics §11), with error
     /// feedback keeping per fragment what a message did not carry; f32 parameters only.
     ///
@@ -366,7 +366,7 @@ impl OuterAverager {
     /// also on invalid codec settings.
     pub fn with_compression(
         mut self,
-        compression: Option<OuterCompression>,
+        compression: Option<AverageCompression>,
     ) -> Result<Self, AveragerError> {
         if let Some(c) = &compression {
             c.validate()?;
@@ -379,7 +379,7 @@ impl OuterAverager {
     }
 
     /// The pseudo-gradients' wire format (`None`: the parameters' own precision).
-    pub fn compression(&self) -> Option<OuterCompression> {
+    pub fn compression(&self) -> Option<AverageCompression> {
         self.compression
     }
 
@@ -929,7 +929,7 @@ fn split_fragments(
     Ok(out)
 }
 
-fn compression_needs_deltas(compression: Option<OuterCompression>) -> AveragerError {
+fn compression_needs_deltas(compression: Option<AverageCompression>) -> AveragerError {
     AveragerError::Outer(format!(
         "{} compression sends the pseudo-gradients θ − x_r compressed, which needs the \
          mean-of-deltas reduction (valid: reduce mean-of-deltas with compression, or no \

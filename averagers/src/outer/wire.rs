@@ -2,7 +2,7 @@
 //! as a lossy codec's messages with error feedback; blocking, or started on the non-blocking
 //! communicator and waited for later (Streaming DiLoCo's delay).
 
-use super::compression::OuterCompression;
+use super::compression::AverageCompression;
 use crate::error::AveragerError;
 use half::{bf16, f16};
 use localsgd_comm::codec::{
@@ -125,14 +125,14 @@ impl Wire for f64 {
 /// the fragment's error feedback and the round (the outer-step count, which keys stochastic
 /// rounding).
 pub(super) struct Lossy<'a> {
-    compression: Option<OuterCompression>,
+    compression: Option<AverageCompression>,
     feedback: Option<&'a mut ErrorFeedback>,
     round: u64,
 }
 
 impl<'a> Lossy<'a> {
     pub(super) fn new(
-        compression: Option<OuterCompression>,
+        compression: Option<AverageCompression>,
         feedback: Option<&'a mut ErrorFeedback>,
         round: u64,
     ) -> Self {
@@ -179,11 +179,11 @@ impl<'a> Lossy<'a> {
 /// `compression` is a lossy codec with error feedback.
 pub(super) fn feedback_of(
     slot: &mut Option<ErrorFeedback>,
-    compression: Option<OuterCompression>,
+    compression: Option<AverageCompression>,
     n: usize,
 ) -> Option<&mut ErrorFeedback> {
     match compression {
-        Some(OuterCompression::Lossy {
+        Some(AverageCompression::Lossy {
             error_feedback: true,
             ..
         }) => Some(slot.get_or_insert_with(|| ErrorFeedback::new(n))),
@@ -217,15 +217,15 @@ pub(super) fn start_transfer<T: Wire>(
     mut codec: Lossy<'_>,
 ) -> Result<Transfer, AveragerError> {
     Ok(match codec.compression {
-        Some(OuterCompression::Half(Precision::Fp16)) => Transfer::F16(
+        Some(AverageCompression::Half(Precision::Fp16)) => Transfer::F16(
             side.start_average(d.iter().map(|&x| x.to_f16()).collect())?,
             T::WIDE,
         ),
-        Some(OuterCompression::Half(Precision::Bf16)) => Transfer::Bf16(
+        Some(AverageCompression::Half(Precision::Bf16)) => Transfer::Bf16(
             side.start_average(d.iter().map(|&x| x.to_bf16()).collect())?,
             T::WIDE,
         ),
-        Some(OuterCompression::Lossy { spec, .. }) => {
+        Some(AverageCompression::Lossy { spec, .. }) => {
             let msg = codec.encode(&spec, &d, world.rank())?;
             Transfer::Gathered {
                 pending: side.start_all_gather_bytes(msg)?,
@@ -249,9 +249,9 @@ pub(super) fn group_mean<T: Wire>(
     match (codec.compression, world.size()) {
         (None, 1) => {}
         (None, _) => world.average_slice(v)?,
-        (Some(OuterCompression::Half(p)), 1) => round_to(v, p),
-        (Some(OuterCompression::Half(p)), _) => average_compressed(&**world, v, p)?,
-        (Some(OuterCompression::Lossy { spec, .. }), size) => {
+        (Some(AverageCompression::Half(p)), 1) => round_to(v, p),
+        (Some(AverageCompression::Half(p)), _) => average_compressed(&**world, v, p)?,
+        (Some(AverageCompression::Lossy { spec, .. }), size) => {
             let msg = codec.encode(&spec, v, world.rank())?;
             let gathered = if size == 1 {
                 msg

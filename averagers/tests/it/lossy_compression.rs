@@ -13,8 +13,8 @@ use localsgd_averagers::comm::codec::{
 use localsgd_averagers::comm::params::{FlatBuffer, ParamSelection, flatten_params};
 use localsgd_averagers::outer::StreamingConfig;
 use localsgd_averagers::{
-    AverageParameters, ModelAverager, OuterAverager, OuterCompression, OuterSgdConfig, OuterState,
-    PseudoGradient,
+    AverageCompression, AverageParameters, ModelAverager, OuterAverager, OuterSgdConfig,
+    OuterState, PseudoGradient,
 };
 
 const N: usize = 300;
@@ -66,7 +66,7 @@ fn spec(codec: &str, chunk: usize, rounding: Rounding) -> CodecSpec {
 /// each), the averager's state saved after `save_after` rounds and the run continued from it
 /// when given.
 fn through_averager(
-    compression: OuterCompression,
+    compression: AverageCompression,
     rounds: u64,
     resume_after: Option<u64>,
 ) -> Vec<Vec<Vec<f32>>> {
@@ -174,7 +174,7 @@ fn lossy_outer_steps_are_the_codecs_mean_of_every_ranks_message() {
     ];
     for (codec, chunk, rounding, error_feedback) in cases {
         let spec = spec(codec, chunk, rounding);
-        let compression = OuterCompression::Lossy {
+        let compression = AverageCompression::Lossy {
             spec,
             error_feedback,
         };
@@ -197,7 +197,7 @@ fn lossy_outer_steps_are_the_codecs_mean_of_every_ranks_message() {
 
 #[test]
 fn the_residual_survives_a_checkpoint_exactly() {
-    let compression = OuterCompression::Lossy {
+    let compression = AverageCompression::Lossy {
         spec: spec("topk:0.05+int8", 128, Rounding::Stochastic { seed: 3 }),
         error_feedback: true,
     };
@@ -211,7 +211,7 @@ fn the_residual_survives_a_checkpoint_exactly() {
 #[test]
 fn a_lossy_sync_sends_its_message_and_streaming_gathers_it_in_the_background() {
     let spec = spec("int4", 64, Rounding::Nearest);
-    let compression = OuterCompression::Lossy {
+    let compression = AverageCompression::Lossy {
         spec,
         error_feedback: true,
     };
@@ -271,7 +271,7 @@ fn a_lossy_sync_sends_its_message_and_streaming_gathers_it_in_the_background() {
 
 #[test]
 fn lossy_compression_refuses_what_it_cannot_do() {
-    let int8 = OuterCompression::lossy("int8".parse().expect("a codec"));
+    let int8 = AverageCompression::lossy("int8".parse().expect("a codec"));
     let world = ThreadWorld::new(1).expect("world");
     let errors = world
         .run(move |g| {
@@ -296,7 +296,7 @@ fn lossy_compression_refuses_what_it_cannot_do() {
                     .map(|_| ()),
             );
             // A chunk of 0.
-            let zero = OuterCompression::Lossy {
+            let zero = AverageCompression::Lossy {
                 spec: spec("int4", 0, Rounding::Nearest),
                 error_feedback: true,
             };

@@ -3,8 +3,8 @@
 
 use burn::tensor::Device;
 use localsgd_learner::{
-    AlgorithmKind, AlgorithmSpec, Levels, LocalSgdStrategy, OuterCompression, OuterCompressionKind,
-    StrategyConfig,
+    AlgorithmKind, AlgorithmSpec, AverageCompression, AverageCompressionKind, Levels,
+    LocalSgdStrategy, StrategyConfig,
 };
 
 fn refused(config: StrategyConfig, expected: &[&str]) {
@@ -71,8 +71,11 @@ fn levels_that_do_not_fit_the_ranks_are_refused() {
 /// A DiLoCo (or SlowMo) configuration with the pseudo-gradients sent as `codec` (`average-compression`
 /// as the binary writes it) in chunks of `chunk`.
 fn compressed(mut algorithm: AlgorithmSpec, codec: &str, chunk: usize) -> StrategyConfig {
-    let mut c = codec.parse::<OuterCompressionKind>().unwrap().compression();
-    if let Some(OuterCompression::Lossy { spec, .. }) = &mut c {
+    let mut c = codec
+        .parse::<AverageCompressionKind>()
+        .unwrap()
+        .compression();
+    if let Some(AverageCompression::Lossy { spec, .. }) = &mut c {
         spec.chunk = chunk;
     }
     algorithm.outer.as_mut().unwrap().compression = c;

@@ -112,6 +112,6 @@ fn slowmo_equals_the_pipeline() {
 fn overlapped_averaging_and_compression_equal_the_pipeline() {
     let mut spec = AlgorithmSpec::post_local_sgd(6, 4);
     spec.overlap = 2;
-    spec.compression = localsgd_pipeline::settings::Compression::Bf16;
+    spec.compression = localsgd_pipeline::settings::GradientCompression::Bf16;
     check(StrategyConfig::new(spec));
 }

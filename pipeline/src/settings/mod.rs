@@ -6,12 +6,13 @@ mod applies;
 mod outer;
 
 pub use applies::AlgorithmSetting;
-pub use outer::{OuterCompressionKind, OuterOptions, SLOWMO_FREQUENCY};
+pub use outer::{AverageCompressionKind, OuterOptions, SLOWMO_FREQUENCY};
 pub(crate) use outer::{check_compression, rounding_name};
 
 use localsgd_averagers::{
-    Level, OuterCompression, OuterOptimizer, OuterSgdConfig, PseudoGradient, StreamingConfig,
+    AverageCompression, Level, OuterOptimizer, OuterSgdConfig, PseudoGradient, StreamingConfig,
 };
+use localsgd_comm::Precision;
 use serde::{Deserialize, Serialize};
 
 /// The training algorithm.
@@ -118,7 +119,7 @@ pub struct OuterSettings {
     pub reduce: PseudoGradient,
     /// The pseudo-gradients' wire format (`None`: full precision): half precision through an
     /// all-reduce, or a lossy codec (int8, int4, top-k) through an all-gather.
-    pub compression: Option<OuterCompression>,
+    pub compression: Option<AverageCompression>,
     /// Streaming DiLoCo's fragments, delay and mixing (`None`: every parameter syncs at once).
     pub streaming: Option<StreamingConfig>,
     /// SlowMo's slow step every this many steps (fairscale's `slowmo_frequency`), the models
@@ -144,7 +145,7 @@ impl OuterSettings {
     /// `compression` (semantics §11.2): each rank's delta from the last average `θ − x_r`, and
     /// the average `θ − mean_r(θ − x_r)`, i.e. an outer `torch.optim.SGD(lr=1)` on the mean of
     /// deltas, which without compression is the plain average of the models.
-    pub fn averaging(compression: OuterCompression) -> Self {
+    pub fn averaging(compression: AverageCompression) -> Self {
         Self {
             optimizer: OuterSgdConfig::sgd(1.0).into(),
             reduce: PseudoGradient::MeanOfDeltas,
@@ -188,17 +189,29 @@ pub enum PipelineBuckets {
     Off,
 }
 
-/// Gradient compression applied around the hook.
+/// What gradient buckets travel as (the setting `compression`): full precision, or cast to a
+/// half [`Precision`] around the hook.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "kebab-case")]
-pub enum Compression {
+pub enum GradientCompression {
     /// Full precision.
     None,
     /// IEEE half precision.
     Fp16,
     /// bfloat16.
     Bf16,
+}
+
+impl GradientCompression {
+    /// The half precision the buckets travel in; `None` for full precision.
+    pub fn precision(self) -> Option<Precision> {
+        match self {
+            GradientCompression::None => None,
+            GradientCompression::Fp16 => Some(Precision::Fp16),
+            GradientCompression::Bf16 => Some(Precision::Bf16),
+        }
+    }
 }
 
 /// A setting with a value that cannot work. Names the setting and what would be valid.

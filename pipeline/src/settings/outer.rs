@@ -4,7 +4,7 @@
 //! each error named after the setting as the `localsgd` binary's TOML file and flags spell it.
 
 use localsgd_averagers::{
-    Level, OuterCompression, OuterOptimizer, OuterSgdConfig, PseudoGradient, SlowMoConfig,
+    AverageCompression, Level, OuterOptimizer, OuterSgdConfig, PseudoGradient, SlowMoConfig,
     StreamingConfig,
 };
 use localsgd_comm::Precision;
@@ -24,17 +24,17 @@ pub const SLOWMO_FREQUENCY: u64 = 48;
 /// `localsgd_comm::codec::Codec`). Parsed from and shown as that text, serialized as it too.
 ///
 /// ```
-/// use localsgd_pipeline::settings::OuterCompressionKind;
+/// use localsgd_pipeline::settings::AverageCompressionKind;
 ///
-/// let kind: OuterCompressionKind = "topk:0.01+int8".parse().unwrap();
+/// let kind: AverageCompressionKind = "topk:0.01+int8".parse().unwrap();
 /// assert_eq!(kind.to_string(), "topk:0.01+int8");
-/// assert_eq!("fp16".parse::<OuterCompressionKind>().unwrap().to_string(), "fp16");
-/// let err = "topk:1.5".parse::<OuterCompressionKind>().unwrap_err();
+/// assert_eq!("fp16".parse::<AverageCompressionKind>().unwrap().to_string(), "fp16");
+/// let err = "topk:1.5".parse::<AverageCompressionKind>().unwrap_err();
 /// assert!(err.to_string().starts_with("invalid setting `average-compression` = topk:1.5: "));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
-pub enum OuterCompressionKind {
+pub enum AverageCompressionKind {
     /// Full precision (the same as unset).
     None,
     /// Half precision (`fp16`, `bf16`), summed by an all-reduce.
@@ -47,53 +47,55 @@ pub enum OuterCompressionKind {
 const VALID_AVERAGE_COMPRESSION: &str = "one of `none`, `fp16`, `bf16`, `int8`, `int4`, `topk:F`, \
      `topk:F+int8`, `topk:F+int4` (0 < F <= 1)";
 
-impl OuterCompressionKind {
+impl AverageCompressionKind {
     /// The wire format it names, with a lossy codec's defaults
-    /// ([`OuterCompression::lossy`]: chunk 1024, nearest rounding, error feedback); `None` for
+    /// ([`AverageCompression::lossy`]: chunk 1024, nearest rounding, error feedback); `None` for
     /// `none`.
-    pub fn compression(self) -> Option<OuterCompression> {
+    pub fn compression(self) -> Option<AverageCompression> {
         match self {
-            OuterCompressionKind::None => None,
-            OuterCompressionKind::Half(p) => Some(OuterCompression::Half(p)),
-            OuterCompressionKind::Lossy(codec) => Some(OuterCompression::lossy(codec)),
+            AverageCompressionKind::None => None,
+            AverageCompressionKind::Half(p) => Some(AverageCompression::Half(p)),
+            AverageCompressionKind::Lossy(codec) => Some(AverageCompression::lossy(codec)),
         }
     }
 }
 
-impl From<Option<OuterCompression>> for OuterCompressionKind {
-    fn from(c: Option<OuterCompression>) -> Self {
+impl From<Option<AverageCompression>> for AverageCompressionKind {
+    fn from(c: Option<AverageCompression>) -> Self {
         match c {
-            None => OuterCompressionKind::None,
-            Some(OuterCompression::Half(p)) => OuterCompressionKind::Half(p),
-            Some(OuterCompression::Lossy { spec, .. }) => OuterCompressionKind::Lossy(spec.codec),
+            None => AverageCompressionKind::None,
+            Some(AverageCompression::Half(p)) => AverageCompressionKind::Half(p),
+            Some(AverageCompression::Lossy { spec, .. }) => {
+                AverageCompressionKind::Lossy(spec.codec)
+            }
         }
     }
 }
 
-impl fmt::Display for OuterCompressionKind {
+impl fmt::Display for AverageCompressionKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            OuterCompressionKind::None => f.write_str("none"),
-            OuterCompressionKind::Half(p) => write!(f, "{p}"),
-            OuterCompressionKind::Lossy(codec) => write!(f, "{codec}"),
+            AverageCompressionKind::None => f.write_str("none"),
+            AverageCompressionKind::Half(p) => write!(f, "{p}"),
+            AverageCompressionKind::Lossy(codec) => write!(f, "{codec}"),
         }
     }
 }
 
-impl FromStr for OuterCompressionKind {
+impl FromStr for AverageCompressionKind {
     type Err = SettingError;
 
     /// `none`, `fp16`, `bf16` or a codec; the error names the value and what is valid (the
     /// codec's own words for a bad `topk:` fraction or quantizer).
     fn from_str(s: &str) -> Result<Self, SettingError> {
         match s {
-            "none" => return Ok(OuterCompressionKind::None),
-            "fp16" => return Ok(OuterCompressionKind::Half(Precision::Fp16)),
-            "bf16" => return Ok(OuterCompressionKind::Half(Precision::Bf16)),
+            "none" => return Ok(AverageCompressionKind::None),
+            "fp16" => return Ok(AverageCompressionKind::Half(Precision::Fp16)),
+            "bf16" => return Ok(AverageCompressionKind::Half(Precision::Bf16)),
             _ => {}
         }
         s.parse::<Codec>()
-            .map(OuterCompressionKind::Lossy)
+            .map(AverageCompressionKind::Lossy)
             .map_err(|e| match e {
                 CodecError::UnknownCodec(_) => {
                     bad("average-compression", s, VALID_AVERAGE_COMPRESSION)
@@ -103,13 +105,13 @@ impl FromStr for OuterCompressionKind {
     }
 }
 
-impl From<OuterCompressionKind> for String {
-    fn from(kind: OuterCompressionKind) -> String {
+impl From<AverageCompressionKind> for String {
+    fn from(kind: AverageCompressionKind) -> String {
         kind.to_string()
     }
 }
 
-impl TryFrom<String> for OuterCompressionKind {
+impl TryFrom<String> for AverageCompressionKind {
     type Error = SettingError;
 
     fn try_from(s: String) -> Result<Self, SettingError> {
@@ -137,8 +139,8 @@ pub struct OuterOptions {
     pub reduce: Option<PseudoGradient>,
     /// The pseudo-gradients' wire format (default: full precision; needs mean of deltas): half
     /// precision, or a lossy codec whose chunk, rounding and error feedback the next three
-    /// settings override ([`OuterCompressionKind::compression`] gives the defaults).
-    pub compression: Option<OuterCompression>,
+    /// settings override ([`AverageCompressionKind::compression`] gives the defaults).
+    pub compression: Option<AverageCompression>,
     /// A lossy codec's chunk (default: the codec's, [`localsgd_averagers::outer::DEFAULT_CHUNK`]);
     /// refused without a lossy codec.
     pub compression_chunk: Option<usize>,
@@ -189,7 +191,7 @@ impl OuterOptions {
             (
                 AlgorithmSetting::AverageCompression,
                 self.compression
-                    .map(|c| OuterCompressionKind::from(Some(c)).to_string()),
+                    .map(|c| AverageCompressionKind::from(Some(c)).to_string()),
             ),
             (
                 AlgorithmSetting::AverageCompressionChunk,
@@ -299,13 +301,13 @@ impl OuterSettings {
 
 /// The pseudo-gradients' wire format: `average-compression` with a lossy codec's chunk, rounding
 /// and error feedback as given (each refused where it would do nothing).
-fn resolve_compression(o: &OuterOptions) -> Result<Option<OuterCompression>, SettingError> {
-    let Some(OuterCompression::Lossy {
+fn resolve_compression(o: &OuterOptions) -> Result<Option<AverageCompression>, SettingError> {
+    let Some(AverageCompression::Lossy {
         mut spec,
         mut error_feedback,
     }) = o.compression
     else {
-        let name = OuterCompressionKind::from(o.compression).to_string();
+        let name = AverageCompressionKind::from(o.compression).to_string();
         let given = [
             (
                 "average-compression-chunk",
@@ -354,7 +356,7 @@ fn resolve_compression(o: &OuterOptions) -> Result<Option<OuterCompression>, Set
     if let Some(on) = o.error_feedback {
         error_feedback = on;
     }
-    Ok(Some(OuterCompression::Lossy {
+    Ok(Some(AverageCompression::Lossy {
         spec,
         error_feedback,
     }))
@@ -366,13 +368,13 @@ fn resolve_compression(o: &OuterOptions) -> Result<Option<OuterCompression>, Set
 /// [`AlgorithmSpec::validate`](crate::algorithm::AlgorithmSpec::validate) for settings built in
 /// code.
 pub(crate) fn check_compression(
-    compression: Option<OuterCompression>,
+    compression: Option<AverageCompression>,
     reduce: PseudoGradient,
 ) -> Result<(), SettingError> {
     let Some(c) = compression else {
         return Ok(());
     };
-    if let (Err(e), OuterCompression::Lossy { spec, .. }) = (c.validate(), c) {
+    if let (Err(e), AverageCompression::Lossy { spec, .. }) = (c.validate(), c) {
         return Err(match e {
             CodecError::ZeroChunk | CodecError::ChunkTooLarge { .. } => {
                 bad("average-compression-chunk", spec.chunk, e)
@@ -383,7 +385,7 @@ pub(crate) fn check_compression(
     if reduce == PseudoGradient::DeltaOfMean {
         return Err(bad(
             "average-compression",
-            OuterCompressionKind::from(compression),
+            AverageCompressionKind::from(compression),
             "`none` with `delta-of-mean` (`slowmo`'s only reduction): half precision and the \
              lossy codecs are for the pseudo-gradients θ − x_r that `mean-of-deltas` sends, not \
              for the parameters",

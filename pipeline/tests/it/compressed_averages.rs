@@ -11,12 +11,14 @@
 
 use burn::module::{Module, Param};
 use burn::tensor::{Device, Tensor, TensorData};
-use localsgd_averagers::{Level, OuterCompression};
+use localsgd_averagers::{AverageCompression, Level};
 use localsgd_comm::ThreadWorld;
 use localsgd_comm::params::{FlatBuffer, ParamSelection, flatten_params};
 use localsgd_pipeline::algorithm::{AlgorithmSpec, build};
 use localsgd_pipeline::pipeline::{IterSource, Outcome, Pipeline, PipelineOptions};
-use localsgd_pipeline::settings::{AlgorithmKind, Compression, OuterSettings, PipelineBuckets};
+use localsgd_pipeline::settings::{
+    AlgorithmKind, GradientCompression, OuterSettings, PipelineBuckets,
+};
 
 const N: usize = 16;
 const WORLD: usize = 4;
@@ -41,7 +43,11 @@ fn loss(m: &Vector, target: &[f32]) -> Tensor<1> {
     (d.clone() * d).sum() * 0.5
 }
 
-fn spec(kind: AlgorithmKind, levels: Vec<Level>, outer: Option<OuterCompression>) -> AlgorithmSpec {
+fn spec(
+    kind: AlgorithmKind,
+    levels: Vec<Level>,
+    outer: Option<AverageCompression>,
+) -> AlgorithmSpec {
     AlgorithmSpec {
         kind,
         warmup: 2,
@@ -55,7 +61,7 @@ fn spec(kind: AlgorithmKind, levels: Vec<Level>, outer: Option<OuterCompression>
             first_bytes: 1 << 20,
             rest_bytes: 1 << 20,
         },
-        compression: Compression::None,
+        compression: GradientCompression::None,
         outer: outer.map(OuterSettings::averaging),
     }
 }
@@ -132,7 +138,7 @@ fn assert_compressed_equals_plain(
     agree: &[usize],
     theta_after_warmup: bool,
 ) {
-    let lossless = OuterCompression::lossy("topk:1".parse().unwrap());
+    let lossless = AverageCompression::lossy("topk:1".parse().unwrap());
     let plain = run(spec(kind, levels.clone(), None));
     let compressed = run(spec(kind, levels, Some(lossless)));
     assert_eq!(agreed(&plain), agree, "{kind:?}: plain averages");

@@ -13,7 +13,9 @@ use localsgd_comm::params::{FlatBuffer, ParamSelection, flatten_params};
 use localsgd_pipeline::algorithm::{AlgorithmSpec, build};
 use localsgd_pipeline::lr_schedule::LrSchedule;
 use localsgd_pipeline::pipeline::{IterSource, Outcome, Pipeline, PipelineOptions};
-use localsgd_pipeline::settings::{AlgorithmKind, Compression, OuterSettings, PipelineBuckets};
+use localsgd_pipeline::settings::{
+    AlgorithmKind, GradientCompression, OuterSettings, PipelineBuckets,
+};
 
 #[derive(Module, Debug)]
 struct Scalar {
@@ -61,7 +63,7 @@ fn spec(kind: AlgorithmKind, warmup: u64, outer: OuterOptimizer) -> AlgorithmSpe
             first_bytes: 1 << 20,
             rest_bytes: 1 << 20,
         },
-        compression: Compression::None,
+        compression: GradientCompression::None,
         outer: Some(OuterSettings {
             optimizer: outer,
             reduce: outer.default_reduce(),

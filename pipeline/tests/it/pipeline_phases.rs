@@ -10,7 +10,7 @@ use localsgd_pipeline::pipeline::{
     BatchSource, ITERATION_ORDER, IterSource, Outcome, Phase, Pipeline, PipelineError,
     PipelineOptions, SourceError,
 };
-use localsgd_pipeline::settings::{AlgorithmKind, Compression, PipelineBuckets};
+use localsgd_pipeline::settings::{AlgorithmKind, GradientCompression, PipelineBuckets};
 use std::sync::{Arc, Mutex};
 
 type Batch = (Tensor<2>, Tensor<1, Int>);
@@ -46,7 +46,7 @@ fn pipelined_spec(kind: AlgorithmKind, pipelined: bool) -> AlgorithmSpec {
             first_bytes: 16,
             rest_bytes: 32,
         },
-        compression: Compression::None,
+        compression: GradientCompression::None,
         outer: None,
     }
 }

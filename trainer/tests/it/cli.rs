@@ -504,7 +504,7 @@ fn parse_flags(args: &[&str]) -> Result<ConfigFlags, String> {
 
 #[test]
 fn average_compression_takes_every_codec_in_toml_and_flags() {
-    use localsgd_averagers::OuterCompression;
+    use localsgd_averagers::AverageCompression;
     use localsgd_comm::codec::Rounding;
     // (value, the wire format it resolves to; chunk, rounding and error feedback as default).
     for text in [
@@ -537,10 +537,10 @@ fn average_compression_takes_every_codec_in_toml_and_flags() {
         let outer = from_toml.algorithm_spec().unwrap().outer.unwrap();
         match (text, outer.compression) {
             ("none", None) => {}
-            ("fp16" | "bf16", Some(OuterCompression::Half(p))) => assert_eq!(p.to_string(), text),
+            ("fp16" | "bf16", Some(AverageCompression::Half(p))) => assert_eq!(p.to_string(), text),
             (
                 _,
-                Some(OuterCompression::Lossy {
+                Some(AverageCompression::Lossy {
                     spec,
                     error_feedback: true,
                 }),
@@ -581,7 +581,7 @@ fn average_compression_takes_every_codec_in_toml_and_flags() {
         from_toml
     );
     let spec = from_toml.algorithm_spec().unwrap();
-    let Some(OuterCompression::Lossy {
+    let Some(AverageCompression::Lossy {
         spec: codec,
         error_feedback,
     }) = spec.outer.as_ref().unwrap().compression
