@@ -3,13 +3,12 @@
 
 use crate::lists::{Widths, parse_ranks, parse_widths};
 use localsgd_averagers::PseudoGradient;
-use localsgd_comm::codec::Rounding;
 use localsgd_pipeline::algorithm::AlgorithmSpec;
 pub use localsgd_pipeline::pipeline::{Accumulation, BufferPolicy};
 use localsgd_pipeline::settings::AlgorithmSetting;
 pub use localsgd_pipeline::settings::{
-    AlgorithmKind, AverageCompressionKind, GradientCompression, Levels, OuterOptions,
-    OuterSettings, PipelineBuckets, SettingError,
+    AlgorithmKind, AverageCompressionKind, AverageRounding, GradientCompression, Levels,
+    OuterOptions, OuterSettings, PipelineBuckets, SettingError,
 };
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -90,26 +89,6 @@ impl DeviceKind {
     /// Whether the tensors live in GPU memory.
     pub fn is_gpu(self) -> bool {
         matches!(self, DeviceKind::Cuda | DeviceKind::LibtorchCuda)
-    }
-}
-
-/// How a lossy `average-compression` rounds values to integers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "kebab-case")]
-pub enum OuterRounding {
-    /// To nearest, ties to even.
-    Nearest,
-    /// Up or down at random, unbiased, drawn from `seed`, the outer step and the rank.
-    Stochastic,
-}
-
-impl OuterRounding {
-    /// The codec's rounding, stochastic drawn from the run's `seed`.
-    pub fn rounding(self, seed: u64) -> Rounding {
-        match self {
-            OuterRounding::Nearest => Rounding::Nearest,
-            OuterRounding::Stochastic => Rounding::Stochastic { seed },
-        }
     }
 }
 
@@ -545,7 +524,7 @@ settings! {
         #[setting(type = "`nearest` | `stochastic`, optional", unset = "`nearest`")]
         #[arg(value_enum)]
         #[formerly("outer-rounding")]
-        average_rounding: Option<OuterRounding> as OuterRounding = None,
+        average_rounding: Option<AverageRounding> as AverageRounding = None,
         /// Error feedback for a lossy `average-compression`: what a rank's message left out of its
         /// pseudo-gradient is added to its next one.
         ///

@@ -6,7 +6,7 @@ mod applies;
 mod outer;
 
 pub use applies::AlgorithmSetting;
-pub use outer::{AverageCompressionKind, OuterOptions, SLOWMO_FREQUENCY};
+pub use outer::{AverageCompressionKind, AverageRounding, OuterOptions, SLOWMO_FREQUENCY};
 pub(crate) use outer::{check_compression, rounding_name};
 
 use localsgd_averagers::{

@@ -163,6 +163,28 @@ fn bad(setting: &'static str, value: impl ToString, valid: impl ToString) -> Set
     SettingError::new(setting, value, valid)
 }
 
+/// How a lossy `average-compression` rounds values to integers: the setting
+/// `average-rounding`'s value (the codec's [`Rounding`] draws a stochastic one from a seed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[serde(rename_all = "kebab-case")]
+pub enum AverageRounding {
+    /// To nearest, ties to even.
+    Nearest,
+    /// Up or down at random, unbiased, drawn from `seed`, the outer step and the rank.
+    Stochastic,
+}
+
+impl AverageRounding {
+    /// The codec's rounding, stochastic drawn from the run's `seed`.
+    pub fn rounding(self, seed: u64) -> Rounding {
+        match self {
+            AverageRounding::Nearest => Rounding::Nearest,
+            AverageRounding::Stochastic => Rounding::Stochastic { seed },
+        }
+    }
+}
+
 /// The name of a rounding, as `average-rounding` takes it (`nearest`, `stochastic`).
 pub(crate) fn rounding_name(r: Rounding) -> &'static str {
     match r {

@@ -154,11 +154,11 @@ fn diloco_resumes_bit_identically_with_theta_and_outer_momentum() {
 /// steps 3, 5, 7, 9, 11, hierarchical averaging compresses its world level (every 5 steps).
 #[test]
 fn compressed_averages_resume_bit_identically_with_theta_and_residuals() {
-    use localsgd_trainer::config::{AverageCompressionKind, OuterRounding};
+    use localsgd_trainer::config::{AverageCompressionKind, AverageRounding};
     check_resume_with(AlgorithmKind::PostLocalSgd, OptimizerKind::Sgd, 0, |c| {
         c.average_compression = Some("int4".parse::<AverageCompressionKind>().unwrap());
         c.average_compression_chunk = Some(16);
-        c.average_rounding = Some(OuterRounding::Stochastic);
+        c.average_rounding = Some(AverageRounding::Stochastic);
     });
     check_resume_with(AlgorithmKind::Hierarchical, OptimizerKind::Adam, 0, |c| {
         c.average_compression = Some("topk:0.25+int8".parse::<AverageCompressionKind>().unwrap());
