@@ -281,6 +281,7 @@ mod tests {
             lr: 0.1,
             times: PhaseTimes::default(),
             traffic: Default::default(),
+            micro_batches: 1,
             data: None,
         }
     }

@@ -20,6 +20,8 @@ pub(crate) struct Iteration<B> {
     pub in_flight: Option<InFlightGrads>,
     /// The parameters that had a gradient, noted for an averaging step (→ model averaging).
     pub selection: Option<ParamSelection>,
+    /// The micro-batches the step trained on (forward/backward → the report).
+    pub micro_batches: usize,
     /// The optimizer step was skipped (non-finite gradients).
     pub skipped_step: bool,
     /// The loss averaged over the ranks, on metrics iterations.
@@ -43,6 +45,7 @@ impl<B> Iteration<B> {
             grads: None,
             in_flight: None,
             selection: None,
+            micro_batches: 0,
             skipped_step: false,
             global_loss: None,
             lr: 0.0,

@@ -674,6 +674,7 @@ impl<M: Module> Pipeline<M> {
     ) -> Result<M, PipelineError> {
         let batches = std::mem::take(&mut it.batches);
         let fetched = batches.len();
+        it.micro_batches = fetched;
         // Each micro-batch's loss is divided by the nominal count, also in a step of fewer.
         let count = self.options.accumulate.max(1);
         let mut losses = Vec::with_capacity(count);
@@ -869,6 +870,7 @@ impl<M: Module> Pipeline<M> {
             lr: it.lr,
             times: it.times,
             traffic: self.group.traffic() - it.traffic_start,
+            micro_batches: it.micro_batches,
             data,
         };
         self.times.accumulate(&it.times);

@@ -22,6 +22,9 @@ pub struct IterationReport {
     pub times: PhaseTimes,
     /// Communication issued by this rank in this iteration (all groups).
     pub traffic: Traffic,
+    /// The micro-batches this rank's step trained on: `accumulate`, or fewer in a step that
+    /// met the end of the data.
+    pub micro_batches: usize,
     /// Where the batch source stands after the iteration, when it records its position
     /// ([`BatchSource::position`](super::BatchSource::position)): the epoch a metrics row
     /// belongs to.

@@ -93,7 +93,8 @@ impl RunObserver<'_> {
         if let Some(since) = self.state.recovering.take() {
             recovered(&mut self.state.membership, Some(since), rank, self.run_dir)?;
         }
-        self.state.samples += self.cfg.batch_size as u64;
+        // Each micro-batch a batch (the last of an epoch may hold fewer rows).
+        self.state.samples += (report.micro_batches * self.cfg.batch_size) as u64;
         if report.global_loss.is_some() {
             self.last_global = report.global_loss;
         }

@@ -35,7 +35,8 @@ pub struct WorkerResult {
     pub phase_times: PhaseTimes,
     /// Wall time of the training loop.
     pub wall: Duration,
-    /// Samples this rank processed.
+    /// Samples this rank processed: its micro-batches times `batch-size` (an epoch's last
+    /// batch may hold fewer rows).
     pub samples: u64,
     /// This rank's final parameters, flattened in traversal order.
     pub params: FlatBuffer,

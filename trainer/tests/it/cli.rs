@@ -1397,10 +1397,12 @@ fn accumulate_beyond_the_data_or_zero_is_refused() {
 /// of 2 ranks is 23 batches of 32, so 1 epoch is a warmup of 23 optimizer steps (12 with 2
 /// micro-batches per step streamed across epochs: the 12th takes the epoch's last batch and
 /// the next epoch's first). Gradients travel (19,240 bytes) until then; after the switch only
-/// the averaging steps send data.
+/// the averaging steps send data. Two micro-batches per step process twice the samples in as
+/// many steps (the throughput counts every micro-batch).
 #[test]
 fn warmup_epochs_switch_at_the_epoch_boundary() {
     let dir = tempfile::tempdir().unwrap();
+    let mut samples = Vec::new();
     for (accumulate, warmup) in [("1", 23usize), ("2", 12)] {
         let run = dir.path().join(format!("acc{accumulate}"));
         ok(&localsgd(&[
@@ -1431,7 +1433,13 @@ fn warmup_epochs_switch_at_the_epoch_boundary() {
             let want = if i < warmup || averaging { 19_240 } else { 0 };
             assert_eq!(*bytes, want, "accumulate {accumulate}, iteration {i}");
         }
+        let summary: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap())
+                .unwrap();
+        let rate = summary["samples_per_second"].as_f64().unwrap();
+        samples.push((rate * summary["wall_seconds"].as_f64().unwrap()).round());
     }
+    assert_eq!(samples[1], 2.0 * samples[0], "{samples:?}");
 }
 
 /// The CNN (`--model cnn`) trains end to end with each buffer policy; its BatchNorm running
