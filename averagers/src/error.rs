@@ -156,6 +156,14 @@ pub enum AveragerError {
     Codec(String),
 }
 
+impl AveragerError {
+    /// Whether the average failed because a peer is gone
+    /// ([`CommError::is_peer_lost`](localsgd_comm::CommError::is_peer_lost)).
+    pub fn is_peer_lost(&self) -> bool {
+        matches!(self, AveragerError::Comm(c) if c.is_peer_lost())
+    }
+}
+
 impl From<localsgd_comm::codec::CodecError> for AveragerError {
     fn from(e: localsgd_comm::codec::CodecError) -> Self {
         AveragerError::Codec(e.to_string())

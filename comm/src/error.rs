@@ -118,6 +118,17 @@ pub enum CommError {
     },
 }
 
+impl CommError {
+    /// Whether this error says a peer is gone: it failed, or (MPI with ULFM) the group was
+    /// revoked after a failure. What a run that survives a failed rank recovers from.
+    pub fn is_peer_lost(&self) -> bool {
+        matches!(
+            self,
+            CommError::PeerFailed { .. } | CommError::Revoked { .. }
+        )
+    }
+}
+
 fn describe_calls(calls: &[(usize, String)]) -> String {
     calls
         .iter()

@@ -18,3 +18,10 @@ pub enum HookError {
     #[error("invalid bucket: {0}")]
     InvalidBucket(String),
 }
+
+impl HookError {
+    /// Whether the hook failed because a peer is gone ([`CommError::is_peer_lost`]).
+    pub fn is_peer_lost(&self) -> bool {
+        matches!(self, HookError::Comm(c) if c.is_peer_lost())
+    }
+}

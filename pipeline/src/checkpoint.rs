@@ -177,6 +177,19 @@ pub enum CheckpointError {
     Unsupported(String),
 }
 
+impl CheckpointError {
+    /// Whether saving or loading failed because a peer is gone (a collective of the
+    /// checkpoint, or the pipeline that took up the saved state): see
+    /// [`PipelineError::is_peer_lost`].
+    pub fn is_peer_lost(&self) -> bool {
+        match self {
+            CheckpointError::Comm(c) => c.is_peer_lost(),
+            CheckpointError::Restore(p) | CheckpointError::Pipeline(p) => p.is_peer_lost(),
+            _ => false,
+        }
+    }
+}
+
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
     move |source| CheckpointError::Io {
         path: path.to_path_buf(),

@@ -37,10 +37,39 @@ pub enum PipelineError {
 }
 
 impl PipelineError {
+    /// Whether the iteration failed because a peer is gone, in whichever phase met it (a
+    /// collective, the gradient hook, the averager, the checkpoint phase, or an observer's
+    /// own collective): what a run that survives a failed rank recovers from, and what it
+    /// must not mistake for its own error.
+    pub fn is_peer_lost(&self) -> bool {
+        match self {
+            PipelineError::Comm { source, .. } => source.is_peer_lost(),
+            PipelineError::Hook(h) => h.is_peer_lost(),
+            PipelineError::Averager(a) => a.is_peer_lost(),
+            PipelineError::Checkpoint(e) | PipelineError::Observer(e) => boxed_peer_lost(&**e),
+            PipelineError::Config(_) | PipelineError::Data(_) => false,
+        }
+    }
+
     pub(crate) fn comm(phase: super::phase::Phase) -> impl FnOnce(CommError) -> PipelineError {
         move |source| PipelineError::Comm {
             phase: phase.name(),
             source,
         }
     }
+}
+
+/// [`PipelineError::is_peer_lost`] for an error a checkpointer or an observer returned boxed:
+/// one of this workspace's error types that can say so.
+fn boxed_peer_lost(e: &(dyn std::error::Error + 'static)) -> bool {
+    if let Some(c) = e.downcast_ref::<CommError>() {
+        return c.is_peer_lost();
+    }
+    if let Some(p) = e.downcast_ref::<PipelineError>() {
+        return p.is_peer_lost();
+    }
+    if let Some(c) = e.downcast_ref::<crate::checkpoint::CheckpointError>() {
+        return c.is_peer_lost();
+    }
+    false
 }

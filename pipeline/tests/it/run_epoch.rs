@@ -264,3 +264,37 @@ fn before_iteration_runs_before_every_iteration_and_the_attempt_that_ends_the_ep
         Some("observing the iteration: refused iteration 2")
     );
 }
+
+/// A rank that dies (its thread panics before its second iteration) leaves its peer with an
+/// error that says a peer is gone (`PipelineError::is_peer_lost`, what a run that survives a
+/// failed rank recovers from), whatever phase met it; the rank's own mistakes do not say so.
+#[test]
+fn a_dead_peer_is_told_apart_from_the_ranks_own_error() {
+    let results = ThreadWorld::new(2).unwrap().run_each(|group| {
+        let rank = group.rank();
+        let mut p = pipeline(group);
+        let mut dies = |r: &IterationReport, _: &Linear1| -> Result<bool, ObserverError> {
+            if rank == 1 && r.iteration == 0 {
+                panic!("rank 1 dies");
+            }
+            Ok(true)
+        };
+        p.run_epoch(
+            model(),
+            &mut IterSource(batches(rank, 4).into_iter()),
+            &mut LossFn(&loss),
+            &mut dies,
+            None,
+        )
+        .err()
+    });
+    assert!(results[1].is_err(), "rank 1 panicked");
+    let err = results[0]
+        .as_ref()
+        .unwrap()
+        .as_ref()
+        .expect("rank 0 failed");
+    assert!(err.is_peer_lost(), "{err}");
+    let own = localsgd_pipeline::pipeline::PipelineError::Observer("disk full".into());
+    assert!(!own.is_peer_lost());
+}

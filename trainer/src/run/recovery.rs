@@ -124,7 +124,7 @@ pub fn run_rank(
         let (next_group, joined) = match replace.then(|| survivors.grow(&left)) {
             Some(Ok(grown)) => (grown, left.clone()),
             Some(Err(e)) => {
-                if is_lost(&e) {
+                if e.is_peer_lost() {
                     // A survivor failed meanwhile: the survivors' world failed in turn.
                     grow_failure = Some(RunError::from(e));
                 } else {
@@ -389,12 +389,6 @@ fn handover_layout(grown: &Group) -> Result<(Vec<usize>, usize), RunError> {
     Ok((joined, root))
 }
 
-/// Whether a communication error says a peer is gone (failed, or under MPI a group revoked
-/// after a failure).
-fn is_lost(e: &CommError) -> bool {
-    matches!(e, CommError::PeerFailed { .. } | CommError::Revoked { .. })
-}
-
 /// Where the survivors continue after a rank failure: the last published checkpoint, if it is
 /// one of this job's (this rank's file in it: [`RankState::remember_checkpoint`]); the start
 /// when there is none, or when `latest` names another job's checkpoint (a run directory used
@@ -549,30 +543,13 @@ fn first_error(results: Vec<Result<RankOutcome, RunError>>) -> Result<Vec<RankOu
 }
 
 /// A peer's failure as this rank sees it, wherever it surfaced (a phase's collective, the
-/// gradient hook, the averager, a checkpoint's barriers, setup): a collective whose peer
-/// failed, or (MPI with ULFM) a group a peer revoked after a failure.
+/// gradient hook, the averager, a checkpoint's barriers, setup): the libraries' own
+/// `is_peer_lost`.
 fn is_peer_failure(e: &RunError) -> bool {
-    let lost = is_lost;
-    // Each error in the chain, itself included: `#[error(transparent)]` wrappers hand out
-    // their inner error's source, so every level is also downcast.
-    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = next {
-        if let Some(c) = err.downcast_ref::<CommError>() {
-            return lost(c);
-        }
-        // The transparent wrappers of a `CommError` (their `source` skips it).
-        if let Some(localsgd_hooks::HookError::Comm(c)) = err.downcast_ref() {
-            return lost(c);
-        }
-        if let Some(localsgd_averagers::AveragerError::Comm(c)) = err.downcast_ref() {
-            return lost(c);
-        }
-        let inner = match err.downcast_ref::<RunError>() {
-            Some(RunError::Pipeline(p)) => Some(p as &(dyn std::error::Error + 'static)),
-            Some(RunError::Checkpoint(c)) => Some(c as &(dyn std::error::Error + 'static)),
-            _ => None,
-        };
-        next = inner.or_else(|| err.source());
+    match e {
+        RunError::Pipeline(p) => p.is_peer_lost(),
+        RunError::Checkpoint(c) => c.is_peer_lost(),
+        RunError::Comm(c) => c.is_peer_lost(),
+        _ => false,
     }
-    false
 }
