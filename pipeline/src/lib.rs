@@ -42,6 +42,7 @@ pub mod gelu;
 pub mod lr_schedule;
 pub mod optim;
 pub mod pipeline;
+pub mod recovery;
 pub mod settings;
 
 /// The book's chapter on this crate as a doctest: its examples compile and run against the

@@ -5,6 +5,7 @@ use crate::lists::{Widths, parse_ranks, parse_widths};
 use localsgd_averagers::PseudoGradient;
 use localsgd_pipeline::algorithm::AlgorithmSpec;
 pub use localsgd_pipeline::pipeline::{Accumulation, BufferPolicy};
+pub use localsgd_pipeline::recovery::OnRankFailure;
 use localsgd_pipeline::settings::AlgorithmSetting;
 pub use localsgd_pipeline::settings::{
     AlgorithmKind, AverageCompressionKind, AverageRounding, GradientCompression, Levels,
@@ -147,26 +148,6 @@ pub enum LrScheduleKind {
     Cosine,
     /// `LinearLR(start_factor = lr-warmup-start-factor, total_iters = lr-warmup-steps)`.
     LinearWarmup,
-}
-
-/// What the surviving ranks do when a rank fails during training (book: Fault tolerance).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "kebab-case")]
-pub enum RankFailure {
-    /// End the job with the failure (its last checkpoint can be resumed).
-    Abort,
-    /// Shrink to the surviving ranks, go back to the last checkpoint and train on.
-    Continue,
-    /// As `continue`, and start a replacement for each failed rank, which takes the failed
-    /// rank's state from a live rank: the world trains on at its full size.
-    Replace,
-}
-
-impl RankFailure {
-    /// Whether the survivors of a failure train on (`continue`, `replace`).
-    pub fn survives(self) -> bool {
-        matches!(self, Self::Continue | Self::Replace)
-    }
 }
 
 /// Format of the per-step metrics file.
@@ -921,7 +902,7 @@ settings! {
         /// trained an iteration: then the world goes on without it, as with `continue`).
         #[setting(type = "`abort` | `continue` | `replace`")]
         #[arg(value_enum)]
-        on_rank_failure: RankFailure = RankFailure::Abort,
+        on_rank_failure: OnRankFailure = OnRankFailure::Abort,
         /// All-reduce the loss across ranks every this many iterations; 0: never.
         ///
         /// It feeds the `global_loss` column and the progress bar.
@@ -1365,7 +1346,7 @@ impl TrainConfig {
         }
         if self.on_rank_failure.survives() {
             let value = match self.on_rank_failure {
-                RankFailure::Replace => "replace",
+                OnRankFailure::Replace => "replace",
                 _ => "continue",
             };
             if self.backend == Backend::Nccl {

@@ -105,7 +105,7 @@ fn resolve_world_size(
         && let Some(why) = world.fault_tolerance_missing()
     {
         let value = match cfg.on_rank_failure {
-            localsgd_trainer::config::RankFailure::Replace => "replace",
+            localsgd_trainer::config::OnRankFailure::Replace => "replace",
             _ => "continue",
         };
         bail!("invalid setting `on-rank-failure` = \"{value}\": {why}; use `abort`");

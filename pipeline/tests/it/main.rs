@@ -11,4 +11,5 @@ mod outer_pipeline;
 mod pipeline_phases;
 mod pipeline_start;
 mod race;
+mod recovery;
 mod run_epoch;

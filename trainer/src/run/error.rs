@@ -7,6 +7,7 @@ use localsgd_models::pytorch::WeightsError;
 use localsgd_pipeline::checkpoint::CheckpointError;
 use localsgd_pipeline::optim::OptimError;
 use localsgd_pipeline::pipeline::PipelineError;
+use localsgd_pipeline::recovery::{MEMBERSHIP_FILE, RecoveryError};
 
 /// Why a run failed.
 #[derive(Debug, thiserror::Error)]
@@ -71,5 +72,20 @@ pub(crate) fn output_error(what: &'static str) -> impl Fn(std::io::Error) -> Run
     move |e| RunError::Output {
         what: what.into(),
         message: e.to_string(),
+    }
+}
+
+/// A recovery's failure as the run reports it (`membership.csv` as an output file).
+impl From<RecoveryError> for RunError {
+    fn from(e: RecoveryError) -> Self {
+        match e {
+            RecoveryError::Comm(e) => RunError::Comm(e),
+            RecoveryError::Checkpoint(e) => RunError::Checkpoint(e),
+            RecoveryError::Setting(e) => RunError::Config(e),
+            e => RunError::Output {
+                what: MEMBERSHIP_FILE.into(),
+                message: e.to_string(),
+            },
+        }
     }
 }

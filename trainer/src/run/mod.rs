@@ -46,4 +46,3 @@ pub use recovery::{RankOutcome, run_rank, train_threads};
 pub use result::{RunTotals, WorkerResult};
 pub use setup::{load_data, lr_schedule, model_config, optimizer, preflight, run_identity};
 pub use state::Progress;
-pub use worker::train_worker;

@@ -6,7 +6,7 @@ use super::error::{RunError, output_error};
 use super::evaluation::accuracy;
 use super::inject::inject;
 use super::loader::ShardEnd;
-use super::state::{RankState, recovered};
+use super::state::RankState;
 use crate::config::TrainConfig;
 use crate::fault::{Fault, FaultKind};
 use crate::metrics::{EvalWriter, MetricsWriter};
@@ -16,8 +16,8 @@ use localsgd_models::data::Dataset;
 use localsgd_models::network::Network;
 use localsgd_pipeline::checkpoint::Checkpoints;
 use localsgd_pipeline::pipeline::{IterationObserver, IterationReport, ObserverError};
+use localsgd_pipeline::recovery::Recovery;
 use std::cell::Cell;
-use std::path::Path;
 use std::time::Duration;
 
 /// The binary's [`IterationObserver`] on one rank of one world.
@@ -26,9 +26,10 @@ pub(super) struct RunObserver<'a> {
     pub(super) group: &'a Group,
     /// The rank in the job's first world: what faults and membership records name.
     pub(super) job_rank: usize,
-    pub(super) run_dir: Option<&'a Path>,
-    /// What spans worlds: faults left, membership, samples, the loss curve, progress.
+    /// What spans worlds: faults left, samples, the loss curve, progress.
     pub(super) state: &'a mut RankState,
+    /// The recovery's record: completed iterations, checkpoints every rank holds, membership.
+    pub(super) recovery: &'a mut Recovery,
     /// This rank's metrics file (with a run directory).
     pub(super) metrics: Option<MetricsWriter>,
     /// Rank 0's `eval.csv` (with a run directory and `eval-every`).
@@ -88,11 +89,8 @@ impl RunObserver<'_> {
     fn after(&mut self, report: &IterationReport, model: &Network) -> Result<(), RunError> {
         let rank = self.group.rank();
         let done = report.iteration + 1;
-        self.state.iteration = done;
         self.trained += report.times.total();
-        if let Some(since) = self.state.recovering.take() {
-            recovered(&mut self.state.membership, Some(since), rank, self.run_dir)?;
-        }
+        self.recovery.completed(done)?;
         // Each micro-batch a batch (the last of an epoch may hold fewer rows).
         self.state.samples += (report.micro_batches * self.cfg.batch_size) as u64;
         if report.global_loss.is_some() {
@@ -132,7 +130,7 @@ impl RunObserver<'_> {
                 g.barrier()?;
             }
             // Every rank wrote its file: this world may continue from it.
-            self.state.remember_checkpoint(done, rank);
+            self.recovery.remember_checkpoint(done, rank);
             if rank == 0 {
                 checkpoints.publish(done)?;
             }

@@ -10,7 +10,7 @@ use super::result::WorkerResult;
 use super::setup::{
     build_pipeline, checkpoint_failure, effective_settings, lr_schedule, model_config, run_identity,
 };
-use super::state::{Progress, RankState, Start, recovered};
+use super::state::RankState;
 use crate::config::TrainConfig;
 use crate::fault::Fault;
 use crate::metrics::{EvalWriter, MetricsWriter};
@@ -22,28 +22,17 @@ use localsgd_models::network::Network;
 use localsgd_models::pytorch::load_pytorch_safetensors;
 use localsgd_pipeline::checkpoint::{CheckpointError, Checkpoints};
 use localsgd_pipeline::pipeline::{BatchSource, DataPosition, EpochEnd, LossFn};
+use localsgd_pipeline::recovery::{Recovery, Start};
 use std::cell::Cell;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Run one rank of a training run. `run_dir` is written by rank 0, except the checkpoint rank
-/// files and the per-rank metrics files ([`MetricsWriter::file_name`]), which every rank writes.
-/// A rank failure ends it with the failure, whatever `on-rank-failure` says: [`run_rank`](super::run_rank)
-/// continues on the survivors.
-pub fn train_worker(
-    cfg: &TrainConfig,
-    group: Group,
-    data: &TrainTest,
-    run_dir: Option<&Path>,
-    progress: Option<Progress>,
-) -> Result<WorkerResult, RunError> {
-    let mut rank_state = RankState::new(progress)?;
-    let start = Start::configured(cfg, group.rank());
-    train_from(cfg, group, data, run_dir, start, &mut rank_state)
-}
-
-/// [`train_worker`] from `start`, with the state a rank keeps across world changes.
+/// One rank's training of one world from `start`, with the state a rank keeps across world
+/// changes (the binary's and the recovery's). `run_dir` is written by rank 0, except the
+/// checkpoint rank files and the per-rank metrics files ([`MetricsWriter::file_name`]), which
+/// every rank writes. A rank failure ends it with the failure: [`run_rank`](super::run_rank)
+/// recovers from it.
 pub(super) fn train_from(
     cfg: &TrainConfig,
     group: Group,
@@ -51,6 +40,7 @@ pub(super) fn train_from(
     run_dir: Option<&Path>,
     start: Start,
     state: &mut RankState,
+    recovery: &mut Recovery,
 ) -> Result<WorkerResult, RunError> {
     let rank = group.rank();
     let world = group.size();
@@ -83,14 +73,9 @@ pub(super) fn train_from(
             return Err(CheckpointError::Missing(Path::new("(no run directory)").into()).into());
         }
         (start, Some(c)) => {
-            let r = match start {
-                Start::ResumeFrom(saved) => c.resume_from(*saved, &spec, model, &mut pipeline),
-                Start::Received { bytes, .. } => {
-                    c.resume_received(bytes, &spec, model, &mut pipeline)
-                }
-                _ => c.resume(model, &mut pipeline),
-            }
-            .map_err(checkpoint_failure)?;
+            let r = start
+                .resume(c, &spec, model, &mut pipeline)
+                .map_err(checkpoint_failure)?;
             // The binary's loader always records where it stands.
             let position = r.data.unwrap_or_default();
             (
@@ -101,21 +86,7 @@ pub(super) fn train_from(
             )
         }
     };
-    if state.recovering.is_some()
-        && let Some(change) = state.membership.last_mut()
-    {
-        change.iteration = resume_done.unwrap_or(0);
-    }
-    if let Some(done) = resume_done {
-        let saved_rank = match start {
-            Start::ResumeFrom(saved)
-            | Start::Received {
-                saved_rank: saved, ..
-            } => saved,
-            _ => rank,
-        };
-        state.remember_checkpoint(done, saved_rank);
-    }
+    recovery.started(&start, rank, resume_done);
 
     let train = Arc::new(data.train.clone());
     let mut sampler = ShardSampler::new(train.len(), world, rank)?;
@@ -178,7 +149,6 @@ pub(super) fn train_from(
     // Rank 0's loss curve: the iterations a new world took over are its own.
     let resumed_at = resume_done.unwrap_or(0) as f64;
     state.curve.retain(|(i, _)| *i < resumed_at);
-    state.iteration = pipeline.iteration();
     // A `step` fault fires inside the iteration's forward pass, after the ranks agreed on data.
     let mid_step: Cell<Option<Fault>> = Cell::new(None);
     let loss_fn = |m: &Network, b: &(Tensor<2>, Tensor<1, Int>)| {
@@ -191,8 +161,8 @@ pub(super) fn train_from(
         cfg,
         group: &group,
         job_rank,
-        run_dir,
         state: &mut *state,
+        recovery: &mut *recovery,
         metrics,
         evals,
         checkpoints: checkpoints.as_ref(),
@@ -243,15 +213,13 @@ pub(super) fn train_from(
             .map_err(checkpoint_failure)?
             .is_some()
     {
-        state.remember_checkpoint(pipeline.iteration(), rank);
+        recovery.remember_checkpoint(pipeline.iteration(), rank);
     }
 
     let model = pipeline.finish(model)?;
     let (local, world, params) = final_models(cfg, model, &pipeline, run_dir, data, &device)?;
     // A world that took over with nothing left to train still records its change.
-    if let Some(since) = state.recovering.take() {
-        recovered(&mut state.membership, Some(since), rank, run_dir)?;
-    }
+    recovery.finished()?;
     Ok(WorkerResult {
         rank,
         iterations: pipeline.iteration(),

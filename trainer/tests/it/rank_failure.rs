@@ -330,13 +330,13 @@ fn continue_is_refused_without_checkpoints_or_on_nccl() {
             algorithm: AlgorithmKind::LocalSgd,
             ..TrainConfig::default()
         };
-        cfg.on_rank_failure = localsgd_trainer::config::RankFailure::Continue;
+        cfg.on_rank_failure = localsgd_trainer::config::OnRankFailure::Continue;
         cfg.checkpoint_every = 1;
         for e in extra {
             match *e {
                 "no-checkpoints" => cfg.checkpoint_every = 0,
                 "nccl" => cfg.backend = localsgd_trainer::config::Backend::Nccl,
-                "replace" => cfg.on_rank_failure = localsgd_trainer::config::RankFailure::Replace,
+                "replace" => cfg.on_rank_failure = localsgd_trainer::config::OnRankFailure::Replace,
                 _ => unreachable!(),
             }
         }
