@@ -86,16 +86,21 @@ const CHECKPOINT_EVERY: u64 = 4;
 /// What a job fails with: the pipeline's, the checkpoints' or the recovery's errors, boxed.
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
+/// Where a rank of the first world dies: `(rank, iteration, inside the checkpoint)`: after
+/// completing that iteration, or inside the checkpoint phase of that many iterations, before
+/// it saves anything (its peers wait in the checkpoint's first barrier).
+type Death = Option<(usize, u64, bool)>;
+
 /// One rank's job: `iterations` iterations in all of `spec` on `group`, checkpointed in `dir`,
 /// doing `policy` when a peer fails, starting where `first` says; the rank of the first world
-/// `dies` names panics after completing that iteration (a replacement never does). Returns the
+/// `dies` names panics where it says (a replacement never does). Returns the
 /// final parameters and world size.
 fn job(
     group: Group,
     dir: &Path,
     spec: &AlgorithmSpec,
     policy: OnRankFailure,
-    dies: Option<(usize, u64)>,
+    dies: Death,
     first: Start,
     iterations: u64,
 ) -> Result<(Vec<f32>, usize), Error> {
@@ -122,7 +127,18 @@ fn job(
         };
         let mut pipeline = Pipeline::new(group.clone(), SgdConfig::new().init(), options)
             .with_parts(build(&spec, group)?)
-            .with_checkpointer(checkpoints.checkpointer(Publish::Now));
+            .with_checkpointer({
+                let mut save = checkpoints.checkpointer(Publish::Now);
+                Box::new(move |ctx| {
+                    if first_world && dies == Some((job_rank, ctx.iterations_done, true)) {
+                        panic!(
+                            "rank {job_rank} dies inside checkpoint {}",
+                            ctx.iterations_done
+                        );
+                    }
+                    save(ctx)
+                })
+            });
         let (model, next, resumed) = match &start {
             Start::Fresh => (model(), 0, None),
             start => {
@@ -134,7 +150,7 @@ fn job(
         recovery.started(&start, rank, resumed);
         let mut observer = |r: &IterationReport, _: &Linear1| -> Result<bool, ObserverError> {
             let done = r.iteration + 1;
-            if first_world && dies == Some((job_rank, done)) {
+            if first_world && dies == Some((job_rank, done, false)) {
                 panic!("rank {job_rank} dies after iteration {done}");
             }
             recovery.completed(done)?;
@@ -164,7 +180,7 @@ fn job(
 fn run(
     spec: &AlgorithmSpec,
     policy: OnRankFailure,
-    dies: Option<(usize, u64)>,
+    dies: Death,
 ) -> (Vec<(Vec<f32>, usize)>, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let finished = run_in(
@@ -185,7 +201,7 @@ fn run_in(
     world: usize,
     spec: &AlgorithmSpec,
     policy: OnRankFailure,
-    dies: Option<(usize, u64)>,
+    dies: Death,
     first: impl Fn(usize) -> Start + Sync,
     iterations: u64,
 ) -> Vec<(Vec<f32>, usize)> {
@@ -199,7 +215,7 @@ fn run_in(
     outcomes
         .into_iter()
         .enumerate()
-        .filter(|(i, _)| dies.is_none_or(|(r, _)| *i != r))
+        .filter(|(i, _)| dies.is_none_or(|(r, _, _)| *i != r))
         .map(|(i, o)| match o {
             Ok(Ok(r)) => r,
             other => panic!("rank {i}: {other:?}"),
@@ -208,20 +224,26 @@ fn run_in(
 }
 
 /// Every algorithm, rank 1 dying after iteration 6 (the world goes back to the checkpoint of
-/// 4); and rank 0, the one that writes `latest` and `membership.csv`.
+/// 4); rank 0, the one that writes `latest` and `membership.csv`; a rank dying inside a
+/// checkpoint.
 #[test]
 fn a_replaced_rank_ends_the_job_bit_identical_to_the_job_without_the_failure() {
     let cases = [
-        (AlgorithmSpec::default(), 1),
-        (AlgorithmSpec::post_local_sgd(2, 2), 1),
-        (AlgorithmSpec::post_local_sgd(2, 2), 0),
-        (AlgorithmSpec::diloco(2), 1),
-        (AlgorithmSpec::streaming_diloco(2, 2), 1),
-        (AlgorithmSpec::slowmo(2, 4), 1),
+        (AlgorithmSpec::default(), 1, 6u64),
+        (AlgorithmSpec::post_local_sgd(2, 2), 1, 6),
+        (AlgorithmSpec::post_local_sgd(2, 2), 0, 6),
+        (AlgorithmSpec::diloco(2), 1, 6),
+        (AlgorithmSpec::streaming_diloco(2, 2), 1, 6),
+        (AlgorithmSpec::slowmo(2, 4), 1, 6),
+        // Inside the checkpoint of 8 (rank 0 dying after it began it): the world goes back
+        // to 4 all the same, and writes 8 again.
+        (AlgorithmSpec::diloco(2), 2, 8),
+        (AlgorithmSpec::post_local_sgd(2, 2), 0, 8),
     ];
-    for (spec, dying) in cases {
+    for (spec, dying, at) in cases {
         let (reference, _) = run(&spec, OnRankFailure::Replace, None);
-        let (replaced, dir) = run(&spec, OnRankFailure::Replace, Some((dying, 6)));
+        let inside = at.is_multiple_of(CHECKPOINT_EVERY);
+        let (replaced, dir) = run(&spec, OnRankFailure::Replace, Some((dying, at, inside)));
         // The first world's live ranks, then the replacement of the rank that died.
         let order = (0..3).filter(|&r| r != dying).chain([dying]);
         assert_eq!(replaced.len(), 3, "{spec:?}");
@@ -231,8 +253,10 @@ fn a_replaced_rank_ends_the_job_bit_identical_to_the_job_without_the_failure() {
         let record = std::fs::read_to_string(dir.path().join(MEMBERSHIP_FILE)).unwrap();
         let row: Vec<&str> = record.lines().nth(1).unwrap().split(',').collect();
         // iteration, detected_at, left, joined, world_size, members
+        // Inside the checkpoint phase of 8, iteration 8 has not completed.
+        let detected = if inside { at - 1 } else { at }.to_string();
         let dying = dying.to_string();
-        let want = ["4", "6", &dying, &dying, "3", "0 1 2"];
+        let want = ["4", &detected, &dying, &dying, "3", "0 1 2"];
         assert_eq!(&row[..6], want, "{spec:?}: {record}");
     }
 }
@@ -242,7 +266,7 @@ fn a_replaced_rank_ends_the_job_bit_identical_to_the_job_without_the_failure() {
 #[test]
 fn the_survivors_continue_as_a_resume_on_the_smaller_world() {
     let spec = AlgorithmSpec::post_local_sgd(2, 2);
-    let (survivors, dir) = run(&spec, OnRankFailure::Continue, Some((2, 5)));
+    let (survivors, dir) = run(&spec, OnRankFailure::Continue, Some((2, 5, false)));
     let record = std::fs::read_to_string(dir.path().join(MEMBERSHIP_FILE)).unwrap();
     let row: Vec<&str> = record.lines().nth(1).unwrap().split(',').collect();
     assert_eq!(&row[..6], ["4", "5", "2", "", "2", "0 1"], "{record}");
