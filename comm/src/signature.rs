@@ -117,6 +117,42 @@ impl CallSignature {
         (self.len * self.element.map_or(0, ElementType::size_bytes)) as u64
     }
 
+    /// Bytes this rank sends, and as many it receives, when the collective runs on a group of
+    /// `size` ranks with its bandwidth-optimal algorithm (0 on one rank):
+    ///
+    /// | collective | bytes | algorithm |
+    /// |---|---|---|
+    /// | all-reduce of `n` bytes | `2 (size − 1) n / size` | ring: reduce-scatter, then all-gather |
+    /// | all-gather of `len` bytes per rank (also `u64` all-gathers, a split) | `(size − 1) len` | ring |
+    /// | broadcast of `n` bytes | `(size − 1) n / size` | pipelined chain: every rank but the root receives the buffer once and all but the last pass it on; each rank is charged the group's mean |
+    /// | barrier | 0 | |
+    ///
+    /// Rounded down to whole bytes. At 2 ranks an all-reduce and an all-gather move their
+    /// payload ([`payload_bytes`](Self::payload_bytes)); from 4 ranks on an all-gather of
+    /// compressed messages moves `size − 1` of them, which is what a compressed average costs.
+    ///
+    /// ```
+    /// use localsgd_comm::{CallSignature, ReduceOp};
+    /// use localsgd_comm::buffer::ElementType;
+    /// // An fp16 all-reduce of 1000 values on 8 ranks: 2 · 7/8 · 2000 bytes.
+    /// let fp16 = CallSignature::all_reduce(ReduceOp::Mean, ElementType::F16, 1000);
+    /// assert_eq!(fp16.wire_bytes(8), 3500);
+    /// assert_eq!(fp16.wire_bytes(2), fp16.payload_bytes());
+    /// // An int8 message of 1000 bytes all-gathered on 8 ranks: 7 messages each way.
+    /// assert_eq!(CallSignature::all_gather_bytes(1000).wire_bytes(8), 7000);
+    /// ```
+    pub fn wire_bytes(&self, size: usize) -> u64 {
+        let (n, w) = (self.payload_bytes(), size.max(1) as u64);
+        match self.kind {
+            CollectiveKind::AllReduce(_) => 2 * (w - 1) * n / w,
+            CollectiveKind::AllGather | CollectiveKind::AllGatherBytes | CollectiveKind::Split => {
+                (w - 1) * n
+            }
+            CollectiveKind::Broadcast { .. } => (w - 1) * n / w,
+            CollectiveKind::Barrier => 0,
+        }
+    }
+
     /// Pack into three words (for backends that exchange signatures over the wire).
     pub fn encode(&self) -> [u64; 3] {
         let (kind, arg) = match self.kind {

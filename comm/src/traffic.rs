@@ -3,11 +3,14 @@
 //! counted apart from control traffic (the `u64` all-gathers that agree on flags and
 //! fingerprints).
 //!
-//! What a collective adds is [`CallSignature::payload_bytes`]: the bytes *this rank contributes*
-//! (its buffer), not what the algorithm moves over the wire. An all-reduce of `n` bytes counts
-//! `n` (a ring moves about `2 (size - 1) / size * n` per rank); an all-gather of `len` bytes per
-//! rank counts `len` (a ring moves `(size - 1) * len` per rank, and each rank receives
-//! `size * len`).
+//! What a collective adds to `bytes` is [`CallSignature::payload_bytes`]: the bytes *this rank
+//! contributes* (its buffer), not what the algorithm moves over the wire. An all-reduce of `n`
+//! bytes counts `n`; an all-gather of `len` bytes per rank counts `len`. What it adds to
+//! `wire_bytes` is [`CallSignature::wire_bytes`]: what this rank sends (and receives as much)
+//! under the collective's bandwidth-optimal algorithm — `2 (size - 1) / size * n` for the ring
+//! all-reduce, `(size - 1) * len` for the ring all-gather. The two agree at 2 ranks (except for
+//! broadcasts); from 4 ranks on, compressed averages sent as all-gathers cost more on the wire
+//! than their payload says.
 
 use crate::buffer::ElementType;
 use crate::signature::CallSignature;
@@ -30,6 +33,10 @@ pub struct Traffic {
     /// pseudo-gradients). The rest is control traffic: `u64` all-gathers (has-data flags,
     /// parameter-set fingerprints, subgroup creation).
     pub data_bytes: u64,
+    /// Bytes this rank sends under each collective's bandwidth-optimal algorithm (it receives
+    /// as many): [`CallSignature::wire_bytes`]. A backend's own algorithm may move more (MPI
+    /// picks its algorithm by message size and launcher settings).
+    pub wire_bytes: u64,
 }
 
 impl std::ops::Sub for Traffic {
@@ -39,6 +46,7 @@ impl std::ops::Sub for Traffic {
             collectives: self.collectives - rhs.collectives,
             bytes: self.bytes - rhs.bytes,
             data_bytes: self.data_bytes - rhs.data_bytes,
+            wire_bytes: self.wire_bytes - rhs.wire_bytes,
         }
     }
 }
@@ -50,6 +58,7 @@ impl std::ops::Add for Traffic {
             collectives: self.collectives + rhs.collectives,
             bytes: self.bytes + rhs.bytes,
             data_bytes: self.data_bytes + rhs.data_bytes,
+            wire_bytes: self.wire_bytes + rhs.wire_bytes,
         }
     }
 }
@@ -80,6 +89,7 @@ pub struct TrafficCounter {
     collectives: AtomicU64,
     bytes: AtomicU64,
     data_bytes: AtomicU64,
+    wire_bytes: AtomicU64,
 }
 
 impl TrafficCounter {
@@ -89,6 +99,7 @@ impl TrafficCounter {
             collectives: self.collectives.load(Ordering::Relaxed),
             bytes: self.bytes.load(Ordering::Relaxed),
             data_bytes: self.data_bytes.load(Ordering::Relaxed),
+            wire_bytes: self.wire_bytes.load(Ordering::Relaxed),
         }
     }
 }
@@ -116,9 +127,11 @@ impl TrafficChain {
         Self { counters }
     }
 
-    /// Record one collective (its payload, and whether that payload is float data).
-    pub fn record(&self, sig: &CallSignature) {
+    /// Record one collective on a group of `group_size` ranks (its payload, whether that
+    /// payload is float data, and what it moves on the wire).
+    pub fn record(&self, sig: &CallSignature, group_size: usize) {
         let bytes = sig.payload_bytes();
+        let wire = sig.wire_bytes(group_size);
         let data = match sig.element {
             Some(
                 ElementType::F32
@@ -133,6 +146,7 @@ impl TrafficChain {
             c.collectives.fetch_add(1, Ordering::Relaxed);
             c.bytes.fetch_add(bytes, Ordering::Relaxed);
             c.data_bytes.fetch_add(data, Ordering::Relaxed);
+            c.wire_bytes.fetch_add(wire, Ordering::Relaxed);
         }
     }
 
@@ -154,6 +168,7 @@ mod tests {
             collectives,
             bytes,
             data_bytes,
+            wire_bytes: 2 * bytes,
         }
     }
 

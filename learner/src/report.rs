@@ -26,9 +26,10 @@ impl RankReport {
             mine.traffic.collectives,
             mine.traffic.bytes,
             mine.traffic.data_bytes,
+            mine.traffic.wire_bytes,
         ])?;
         Ok(all
-            .chunks_exact(5)
+            .chunks_exact(6)
             .enumerate()
             .map(|(rank, c)| RankReport {
                 rank,
@@ -38,6 +39,7 @@ impl RankReport {
                     collectives: c[2],
                     bytes: c[3],
                     data_bytes: c[4],
+                    wire_bytes: c[5],
                 },
             })
             .collect())
@@ -55,7 +57,7 @@ pub struct StrategyReport {
 }
 
 impl StrategyReport {
-    /// Bytes, collectives and float-data bytes sent, all ranks together.
+    /// Bytes, collectives, float-data bytes and wire bytes sent, all ranks together.
     pub fn traffic(&self) -> Traffic {
         self.ranks.iter().map(|r| r.traffic).sum()
     }

@@ -56,6 +56,9 @@ pub struct MetricsWriter {
     out: BufWriter<File>,
     format: MetricsFormat,
     path: PathBuf,
+    /// Rows carry `wire_bytes` (false only when continuing a CSV file whose header, written
+    /// before the column existed, has none: its rows keep the header's columns).
+    wire: bool,
 }
 
 impl MetricsWriter {
@@ -93,6 +96,11 @@ impl MetricsWriter {
                 .is_some_and(|i| i < done),
         };
         let (mut out, existed) = open_run_file(&path, resume_done.is_some(), keep)?;
+        let wire = !(format == MetricsFormat::Csv && existed)
+            || std::fs::read_to_string(&path)?
+                .lines()
+                .next()
+                .is_some_and(|header| header.split(',').any(|c| c == "wire_bytes"));
         if format == MetricsFormat::Csv && !existed {
             let phases: Vec<String> = ITERATION_ORDER
                 .iter()
@@ -100,11 +108,16 @@ impl MetricsWriter {
                 .collect();
             writeln!(
                 out,
-                "iteration,epoch,loss,global_loss,lr,skipped_step,collectives,bytes,data_bytes,{}",
+                "iteration,epoch,loss,global_loss,lr,skipped_step,collectives,bytes,data_bytes,wire_bytes,{}",
                 phases.join(",")
             )?;
         }
-        Ok(Self { out, format, path })
+        Ok(Self {
+            out,
+            format,
+            path,
+            wire,
+        })
     }
 
     /// The file being written.
@@ -119,9 +132,13 @@ impl MetricsWriter {
             MetricsFormat::Csv => {
                 let global = r.global_loss.map(|g| g.to_string()).unwrap_or_default();
                 let ms: Vec<String> = ms.iter().map(|m| format!("{m:.4}")).collect();
+                let wire = match self.wire {
+                    true => format!("{},", r.traffic.wire_bytes),
+                    false => String::new(),
+                };
                 writeln!(
                     self.out,
-                    "{},{},{},{},{},{},{},{},{},{}",
+                    "{},{},{},{},{},{},{},{},{},{wire}{}",
                     r.iteration,
                     epoch,
                     r.loss,
@@ -149,6 +166,7 @@ impl MetricsWriter {
                     "collectives": r.traffic.collectives,
                     "bytes": r.traffic.bytes,
                     "data_bytes": r.traffic.data_bytes,
+                    "wire_bytes": r.traffic.wire_bytes,
                     "phases": phases,
                 });
                 writeln!(self.out, "{row}")

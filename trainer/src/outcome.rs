@@ -101,6 +101,7 @@ pub(crate) fn report(cfg: &TrainConfig, outcome: &RankOutcome, dir: &Path) -> Re
     let RunTotals {
         bytes,
         data_bytes,
+        wire_bytes,
         collectives,
         start_bytes,
         samples,
@@ -140,9 +141,10 @@ pub(crate) fn report(cfg: &TrainConfig, outcome: &RankOutcome, dir: &Path) -> Re
         );
     }
     println!(
-        "communication: {collectives} collectives, {:.2} MB (all ranks; {:.2} MB of it gradients/parameters/losses, the rest control flags); skipped optimizer steps: {}",
+        "communication: {collectives} collectives, {:.2} MB (all ranks; {:.2} MB of it gradients/parameters/losses, the rest control flags), {:.2} MB on the wire (sent by all ranks under each collective's bandwidth-optimal algorithm); skipped optimizer steps: {}",
         bytes as f64 / 1e6,
         data_bytes as f64 / 1e6,
+        wire_bytes as f64 / 1e6,
         r0.skipped_steps
     );
     println!(
@@ -199,6 +201,7 @@ pub(crate) fn report(cfg: &TrainConfig, outcome: &RankOutcome, dir: &Path) -> Re
         "algorithm": cfg.algorithm,
         "bytes": bytes,
         "data_bytes": data_bytes,
+        "wire_bytes": wire_bytes,
         "collectives": collectives,
         "start_bytes": start_bytes,
         "wire_format": wire_format(cfg),

@@ -132,7 +132,9 @@ fn one_fused_all_reduce_per_call_carrying_only_selected_params() {
             world.traffic() - before
         })
         .unwrap();
-    // One all-gather of 4 u64 words (agreement check) + one all-reduce of 3 + 2 f32 elements.
+    // One all-gather of 4 u64 words (agreement check) + one all-reduce of 3 + 2 f32 elements;
+    // on the wire of 4 ranks a ring all-gather moves 3 of the 32-byte vectors, a ring
+    // all-reduce 2 · 3/4 of the 20 bytes.
     for t in out {
         assert_eq!(
             t,
@@ -140,6 +142,7 @@ fn one_fused_all_reduce_per_call_carrying_only_selected_params() {
                 collectives: 2,
                 bytes: 4 * 8 + 5 * 4,
                 data_bytes: 5 * 4,
+                wire_bytes: 3 * 32 + 2 * 3 * 20 / 4,
             }
         );
     }

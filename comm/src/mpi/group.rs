@@ -243,7 +243,7 @@ impl MpiGroup {
             self.check_signature(&sig)?;
         }
         let out = body().map_err(|e| self.peer_failure(e, &sig))?;
-        self.traffic.record(&sig);
+        self.traffic.record(&sig, self.size());
         Ok(out)
     }
 
@@ -786,7 +786,7 @@ impl ProcessGroup for MpiGroup {
     }
 
     fn charge(&self, sig: &CallSignature) {
-        self.traffic.record(sig);
+        self.traffic.record(sig, self.size());
     }
 
     fn host_id(&self) -> u64 {

@@ -452,7 +452,7 @@ impl NcclGroup {
             self.check_signature(st, sig)?;
         }
         let out = body(st)?;
-        self.traffic.record(sig);
+        self.traffic.record(sig, self.size());
         Ok(out)
     }
 
@@ -890,7 +890,7 @@ impl ProcessGroup for NcclGroup {
     }
 
     fn charge(&self, sig: &CallSignature) {
-        self.traffic.record(sig);
+        self.traffic.record(sig, self.size());
     }
 
     fn host_id(&self) -> u64 {

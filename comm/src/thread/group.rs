@@ -91,7 +91,7 @@ impl ThreadGroup {
         if let Some(failure) = shared.exit(self.rank) {
             return Err(shared.failure_error(&failure, &sig));
         }
-        self.traffic.record(&sig);
+        self.traffic.record(&sig, self.size());
         result
     }
 
@@ -368,7 +368,7 @@ impl ProcessGroup for ThreadGroup {
     }
 
     fn charge(&self, sig: &CallSignature) {
-        self.traffic.record(sig);
+        self.traffic.record(sig, self.size());
     }
 
     fn host_id(&self) -> u64 {

@@ -490,10 +490,13 @@ fn subgroups(c: &mut Checker, g: &Group) {
             .is_some()
         {
             let (dg, ds) = (g.traffic() - t0, s.traffic() - s0);
+            // A ring all-reduce on the subgroup's ranks moves 2 (m - 1) / m of the 16 bytes.
+            let m = s.size() as u64;
             let want = Traffic {
                 collectives: 1,
                 bytes: 16,
                 data_bytes: 16,
+                wire_bytes: 2 * (m - 1) * 16 / m,
             };
             c.check(
                 "traffic counters (subgroup charged to parent)",

@@ -65,10 +65,12 @@ fn survivors_of_a_panic_shrink_and_all_reduce() {
     let panicked = out[2].as_ref().unwrap_err();
     assert_eq!(panicked.rank, 2);
     assert!(panicked.message.contains("rank 2 fails on purpose"));
+    // One f64 all-reduced on the 3 survivors: a ring moves 2 · 2/3 of its 8 bytes (10.67).
     let one_f64 = Traffic {
         collectives: 1,
         bytes: 8,
         data_bytes: 8,
+        wire_bytes: 10,
     };
     for (world_rank, new_rank, host) in [(0, 0, 10), (1, 1, 11), (3, 2, 13)] {
         let survivor = out[world_rank].as_ref().unwrap().as_ref().unwrap();

@@ -51,6 +51,9 @@ pub struct RunTotals {
     pub bytes: u64,
     /// The float-data part of `bytes` (gradients, parameters, losses), all ranks together.
     pub data_bytes: u64,
+    /// Bytes sent under each collective's bandwidth-optimal algorithm
+    /// ([`Traffic::wire_bytes`]), all ranks together.
+    pub wire_bytes: u64,
     /// Collectives issued, all ranks together.
     pub collectives: u64,
     /// The part of `bytes` that the start broadcast sent, all ranks together.
@@ -74,9 +77,10 @@ impl RunTotals {
             mine.local_test_accuracy.to_bits(),
             mine.local_test_loss.to_bits(),
             mine.start_traffic.bytes,
+            mine.traffic.wire_bytes,
         ])?;
         let mut t = Self::default();
-        for c in all.chunks(7) {
+        for c in all.chunks(8) {
             t.bytes += c[0];
             t.data_bytes += c[1];
             t.collectives += c[2];
@@ -86,6 +90,7 @@ impl RunTotals {
                 loss: f64::from_bits(c[5]),
             });
             t.start_bytes += c[6];
+            t.wire_bytes += c[7];
         }
         Ok(t)
     }

@@ -132,7 +132,7 @@ fn the_first_run_prints_what_the_quickstart_and_readme_show() {
     let keep = |l: &str| {
         l.split(',')
             .take_while(|f| !f.ends_with("_ms"))
-            .take(9)
+            .take(10)
             .collect::<Vec<_>>()
             .join(",")
     };
