@@ -294,3 +294,89 @@ fn the_survivors_continue_as_a_resume_on_the_smaller_world() {
     assert_eq!(survivors.len(), 2);
     assert_eq!(survivors, resumed);
 }
+
+/// A group that says it is NCCL's, for what happens before any collective.
+#[derive(Debug)]
+struct NcclLike;
+
+impl localsgd_comm::ProcessGroup for NcclLike {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn size(&self) -> usize {
+        2
+    }
+    fn world_ranks(&self) -> &[usize] {
+        &[0, 1]
+    }
+    fn backend(&self) -> &'static str {
+        "nccl"
+    }
+    fn all_reduce(
+        &self,
+        _: localsgd_comm::buffer::BufferMut<'_>,
+        _: localsgd_comm::ReduceOp,
+    ) -> Result<(), localsgd_comm::CommError> {
+        unreachable!("no collective runs")
+    }
+    fn broadcast(
+        &self,
+        _: localsgd_comm::buffer::BufferMut<'_>,
+        _: usize,
+    ) -> Result<(), localsgd_comm::CommError> {
+        unreachable!("no collective runs")
+    }
+    fn barrier(&self) -> Result<(), localsgd_comm::CommError> {
+        unreachable!("no collective runs")
+    }
+    fn all_gather_u64(&self, _: &[u64]) -> Result<Vec<u64>, localsgd_comm::CommError> {
+        unreachable!("no collective runs")
+    }
+    fn all_gather_bytes(&self, _: &[u8], _: &mut [u8]) -> Result<(), localsgd_comm::CommError> {
+        unreachable!("no collective runs")
+    }
+    fn split(&self, _: u64) -> Result<Group, localsgd_comm::CommError> {
+        unreachable!("no collective runs")
+    }
+    fn dedicated(&self) -> Result<Group, localsgd_comm::CommError> {
+        unreachable!("no collective runs")
+    }
+    fn charge(&self, _: &localsgd_comm::CallSignature) {}
+    fn host_id(&self) -> u64 {
+        0
+    }
+    fn traffic(&self) -> localsgd_comm::Traffic {
+        localsgd_comm::Traffic::default()
+    }
+}
+
+/// NCCL groups cannot shrink: a policy that survives is refused before anything trains, naming
+/// the setting and what would work; `Abort` trains.
+#[test]
+fn surviving_on_an_nccl_group_is_refused_before_training() {
+    let group: Group = std::sync::Arc::new(NcclLike);
+    let spec = AlgorithmSpec::post_local_sgd(2, 2);
+    for policy in [OnRankFailure::Continue, OnRankFailure::Replace] {
+        let mut recovery = Recovery::new(policy, None, spec.clone(), 2, 0);
+        let mut trained = false;
+        let out = recovery.run(
+            group.clone(),
+            Start::Fresh,
+            |e: &Error| is_peer_lost(&**e),
+            |_, _, _| -> Result<(), Error> {
+                trained = true;
+                Ok(())
+            },
+        );
+        let message = out.expect_err("refused").to_string();
+        assert!(!trained);
+        assert!(
+            message.starts_with("invalid setting `on-rank-failure`")
+                && message.contains("MPI with ULFM"),
+            "{message}"
+        );
+    }
+    let mut recovery = Recovery::new(OnRankFailure::Abort, None, spec, 2, 0);
+    let out = recovery.run(group, Start::Fresh, |_: &Error| false, |_, _, _| Ok(7));
+    assert_eq!(out.map(|(v, _)| v).ok(), Some(7));
+}
