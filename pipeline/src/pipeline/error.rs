@@ -46,7 +46,7 @@ impl PipelineError {
             PipelineError::Comm { source, .. } => source.is_peer_lost(),
             PipelineError::Hook(h) => h.is_peer_lost(),
             PipelineError::Averager(a) => a.is_peer_lost(),
-            PipelineError::Checkpoint(e) | PipelineError::Observer(e) => boxed_peer_lost(&**e),
+            PipelineError::Checkpoint(e) | PipelineError::Observer(e) => is_peer_lost(&**e),
             PipelineError::Config(_) | PipelineError::Data(_) => false,
         }
     }
@@ -59,17 +59,31 @@ impl PipelineError {
     }
 }
 
-/// [`PipelineError::is_peer_lost`] for an error a checkpointer or an observer returned boxed:
-/// one of this workspace's error types that can say so.
-fn boxed_peer_lost(e: &(dyn std::error::Error + 'static)) -> bool {
-    if let Some(c) = e.downcast_ref::<CommError>() {
-        return c.is_peer_lost();
-    }
-    if let Some(p) = e.downcast_ref::<PipelineError>() {
-        return p.is_peer_lost();
-    }
-    if let Some(c) = e.downcast_ref::<crate::checkpoint::CheckpointError>() {
-        return c.is_peer_lost();
+/// Whether `e`, or an error it was caused by, says a peer is gone: one of this workspace's
+/// error types that can say so (`PipelineError`, `CheckpointError`, `CommError`, `HookError`,
+/// `AveragerError`), wherever it sits in the chain of sources. What
+/// [`Recovery::run`](crate::recovery::Recovery::run) takes for an error type of your own that
+/// wraps them (a boxed error, say), and what the boxed errors of a checkpointer or an observer
+/// are asked with.
+pub fn is_peer_lost(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(err) = next {
+        let lost = if let Some(p) = err.downcast_ref::<PipelineError>() {
+            Some(p.is_peer_lost())
+        } else if let Some(c) = err.downcast_ref::<crate::checkpoint::CheckpointError>() {
+            Some(c.is_peer_lost())
+        } else if let Some(c) = err.downcast_ref::<CommError>() {
+            Some(c.is_peer_lost())
+        } else if let Some(h) = err.downcast_ref::<HookError>() {
+            Some(h.is_peer_lost())
+        } else {
+            err.downcast_ref::<AveragerError>()
+                .map(|a| a.is_peer_lost())
+        };
+        if let Some(lost) = lost {
+            return lost;
+        }
+        next = err.source();
     }
     false
 }

@@ -24,7 +24,7 @@ mod phase;
 mod source;
 mod step;
 
-pub use error::PipelineError;
+pub use error::{PipelineError, is_peer_lost};
 pub use inner::InnerOptimizer;
 pub use observer::{EpochEnd, IterationObserver, IterationReport, NoObserver, ObserverError};
 pub use phase::{ITERATION_ORDER, Phase, PhaseTimes};

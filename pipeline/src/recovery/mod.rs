@@ -17,7 +17,8 @@
 //! records each change in the run directory's `membership.csv` ([`MembershipChange`]).
 //!
 //! A peer's failure is what [`PipelineError::is_peer_lost`](crate::pipeline::PipelineError::is_peer_lost)
-//! and [`CheckpointError::is_peer_lost`] say; any other error ends the rank.
+//! and [`CheckpointError::is_peer_lost`] say, or for an error type of your own that wraps them
+//! [`is_peer_lost`](crate::pipeline::is_peer_lost); any other error ends the rank.
 
 mod agree;
 mod handover;
@@ -34,33 +35,6 @@ use localsgd_comm::{CommError, Group};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
-
-/// Whether `e`, or an error it was caused by, says a peer is gone: one of this workspace's
-/// error types that can say so (`PipelineError`, `CheckpointError`, `RecoveryError`'s causes,
-/// `CommError`), wherever it sits in the chain of sources. What [`Recovery::run`] takes for
-/// an error type of your own that wraps them (a boxed error, say).
-pub fn is_peer_lost(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut next = Some(e);
-    while let Some(err) = next {
-        let lost = if let Some(p) = err.downcast_ref::<crate::pipeline::PipelineError>() {
-            Some(p.is_peer_lost())
-        } else if let Some(c) = err.downcast_ref::<CheckpointError>() {
-            Some(c.is_peer_lost())
-        } else if let Some(c) = err.downcast_ref::<CommError>() {
-            Some(c.is_peer_lost())
-        } else if let Some(h) = err.downcast_ref::<localsgd_hooks::HookError>() {
-            Some(h.is_peer_lost())
-        } else {
-            err.downcast_ref::<localsgd_averagers::AveragerError>()
-                .map(|a| a.is_peer_lost())
-        };
-        if let Some(lost) = lost {
-            return lost;
-        }
-        next = err.source();
-    }
-    false
-}
 
 /// What the surviving ranks do when a rank fails during training.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

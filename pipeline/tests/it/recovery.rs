@@ -10,11 +10,12 @@ use localsgd_comm::params::{FlatBuffer, ParamSelection, flatten_params};
 use localsgd_comm::{Group, ThreadWorld};
 use localsgd_pipeline::algorithm::{AlgorithmSpec, build};
 use localsgd_pipeline::checkpoint::{Checkpoints, Publish, RunIdentity};
+use localsgd_pipeline::pipeline::is_peer_lost;
 use localsgd_pipeline::pipeline::{
     BatchSource, DataPosition, EpochEnd, IterationReport, LossFn, ObserverError, Pipeline,
     PipelineOptions, SourceError,
 };
-use localsgd_pipeline::recovery::{MEMBERSHIP_FILE, OnRankFailure, Recovery, Start, is_peer_lost};
+use localsgd_pipeline::recovery::{MEMBERSHIP_FILE, OnRankFailure, Recovery, Start};
 use std::path::Path;
 use std::time::Duration;
 
