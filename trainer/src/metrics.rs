@@ -9,7 +9,8 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 /// Open a run file for writing: truncated for a fresh run, or, on resume, cut back to the rows
-/// `keep` accepts and continued. Says whether it existed already (then it has its header).
+/// `keep` accepts and continued. Returns the lines kept when it existed already (then they
+/// start with its header), `None` when it starts over.
 ///
 /// The cut-back keeps the leading complete lines (ending in a newline) for which `keep` holds
 /// and drops everything from the first one that fails: the rows a killed run wrote after its
@@ -19,9 +20,9 @@ fn open_run_file(
     path: &Path,
     resume: bool,
     keep: impl Fn(&str) -> bool,
-) -> std::io::Result<(BufWriter<File>, bool)> {
-    let mut existed = resume && path.exists();
-    if existed {
+) -> std::io::Result<(BufWriter<File>, Option<String>)> {
+    let mut kept_text = None;
+    if resume && path.exists() {
         let text = std::fs::read(path)?;
         let mut kept = 0;
         for line in text.split_inclusive(|&b| b == b'\n') {
@@ -35,7 +36,8 @@ fn open_run_file(
             write_atomic(path, &text[..kept])?;
         }
         // Nothing kept (an empty file, or only a torn header): it starts over with its header.
-        existed = kept > 0;
+        // The kept lines are whole UTF-8 lines, checked above.
+        kept_text = (kept > 0).then(|| String::from_utf8_lossy(&text[..kept]).into_owned());
     }
     let file = std::fs::OpenOptions::new()
         .create(true)
@@ -43,7 +45,7 @@ fn open_run_file(
         .write(true)
         .truncate(!resume)
         .open(path)?;
-    Ok((BufWriter::new(file), existed))
+    Ok((BufWriter::new(file), kept_text))
 }
 
 /// The first comma-separated field of a CSV row as an iteration number (`None` for the header).
@@ -95,12 +97,14 @@ impl MetricsWriter {
                 .and_then(|row| row.get("iteration")?.as_u64())
                 .is_some_and(|i| i < done),
         };
-        let (mut out, existed) = open_run_file(&path, resume_done.is_some(), keep)?;
-        let wire = !(format == MetricsFormat::Csv && existed)
-            || std::fs::read_to_string(&path)?
-                .lines()
-                .next()
-                .is_some_and(|header| header.split(',').any(|c| c == "wire_bytes"));
+        let (mut out, kept) = open_run_file(&path, resume_done.is_some(), keep)?;
+        let existed = kept.is_some();
+        let wire = format != MetricsFormat::Csv
+            || kept.as_deref().is_none_or(|text| {
+                text.lines()
+                    .next()
+                    .is_some_and(|header| header.split(',').any(|c| c == "wire_bytes"))
+            });
         if format == MetricsFormat::Csv && !existed {
             let phases: Vec<String> = ITERATION_ORDER
                 .iter()
@@ -208,13 +212,13 @@ impl EvalWriter {
     pub fn create(run_dir: &Path, resume_done: Option<u64>) -> std::io::Result<Self> {
         let path = run_dir.join(Self::FILE);
         let done = resume_done.unwrap_or(0);
-        let (mut out, existed) = open_run_file(&path, resume_done.is_some(), |line| {
+        let (mut out, kept) = open_run_file(&path, resume_done.is_some(), |line| {
             csv_iteration(line).is_none_or(|i| i <= done)
         })?;
+        let existed = kept.is_some();
         // A resumed run's clock restarts at 0: continue from the last recorded time.
-        let offset = if existed {
-            std::fs::read_to_string(&path)?
-                .lines()
+        let offset = if let Some(text) = &kept {
+            text.lines()
                 .skip(1)
                 .filter_map(|l| l.split(',').nth(1)?.parse::<f64>().ok())
                 .last()
@@ -310,6 +314,43 @@ mod tests {
                 assert_eq!(text.matches("iteration,epoch").count(), 1, "one header");
             }
         }
+    }
+
+    /// Every row has as many fields as the header: a new file's rows carry `wire_bytes`, and
+    /// rows continued into a file whose header has no such column (written before it existed)
+    /// leave it out.
+    #[test]
+    fn rows_keep_the_columns_of_the_header_they_continue() {
+        let dir = tempfile::tempdir().unwrap();
+        let fields = |l: &str| l.split(',').count();
+        let mut w = MetricsWriter::create(dir.path(), MetricsFormat::Csv, 0, None).unwrap();
+        w.record(0, 0.1, &report(0)).unwrap();
+        w.sync().unwrap();
+        let path = w.path().to_path_buf();
+        drop(w);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let header = text.lines().next().unwrap();
+        assert!(header.contains(",data_bytes,wire_bytes,"), "{header}");
+        assert!(text.lines().all(|l| fields(l) == fields(header)), "{text}");
+
+        let old_header = header.replace(",wire_bytes", "");
+        let old_row = text
+            .lines()
+            .nth(1)
+            .unwrap()
+            .splitn(11, ',')
+            .collect::<Vec<_>>();
+        let old_row = [&old_row[..9], &old_row[10..]].concat().join(",");
+        std::fs::write(&path, format!("{old_header}\n{old_row}\n")).unwrap();
+        let mut w = MetricsWriter::create(dir.path(), MetricsFormat::Csv, 0, Some(1)).unwrap();
+        w.record(0, 0.1, &report(1)).unwrap();
+        w.sync().unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.lines().count(), 3, "{text}");
+        assert!(
+            text.lines().all(|l| fields(l) == fields(&old_header)),
+            "{text}"
+        );
     }
 
     #[test]

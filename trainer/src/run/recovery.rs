@@ -6,7 +6,7 @@
 use super::error::RunError;
 use super::result::{RunTotals, WorkerResult};
 use super::setup::effective_settings;
-use super::state::{Progress, RankState, configured_start};
+use super::state::{Progress, RankState, configured_start, job_rank};
 use super::worker::train_from;
 use crate::config::TrainConfig;
 use localsgd_comm::{Group, GroupExt};
@@ -64,7 +64,7 @@ pub fn run_rank(
     // rank; its predecessor's injected faults that already happened are dropped.
     let (mut recovery, start) = if group.joined() {
         let (recovery, joined) = Recovery::join(cfg.on_rank_failure, run_dir, spec, &group)?;
-        let job_rank = group.world_ranks()[group.rank()];
+        let job_rank = job_rank(&group);
         state
             .faults
             .retain(|f| !(f.rank == job_rank && f.iteration <= joined.detected_at));
@@ -80,11 +80,7 @@ pub fn run_rank(
         (recovery, configured_start(cfg, group.rank()))
     };
     let workers = recovery.workers();
-    let job_rank = group
-        .world_ranks()
-        .get(group.rank())
-        .copied()
-        .unwrap_or(group.rank());
+    let job_rank = job_rank(&group);
     // `warmup-epochs` becomes steps once, on the configured world (a replacement: as the rank it
     // replaces did): the worlds after a failure keep the schedule.
     let mut fixed = effective_settings(cfg, data, workers, job_rank)?

@@ -6,11 +6,18 @@
 use super::error::RunError;
 use crate::config::TrainConfig;
 use crate::fault::Fault;
-use localsgd_comm::Traffic;
+use localsgd_comm::{Group, Traffic};
 use localsgd_pipeline::recovery::Start;
 
 /// Progress callback: (iterations done, total iterations, last global loss).
 pub type Progress = Box<dyn FnMut(u64, u64, Option<f64>) + Send>;
+
+/// This rank's rank in the job's first world: what rehearsed faults and membership records name
+/// (after ranks left, the same worker keeps it).
+pub(super) fn job_rank(group: &Group) -> usize {
+    let rank = group.rank();
+    group.world_ranks().get(rank).copied().unwrap_or(rank)
+}
 
 /// The start a configuration asks `rank` for: fresh, or (`resume`) its own file of the latest
 /// checkpoint, or (`resume-ranks`) the saved rank it names.

@@ -10,7 +10,7 @@ use super::result::WorkerResult;
 use super::setup::{
     build_pipeline, checkpoint_failure, effective_settings, lr_schedule, model_config, run_identity,
 };
-use super::state::RankState;
+use super::state::{RankState, job_rank};
 use crate::config::TrainConfig;
 use crate::fault::Fault;
 use crate::metrics::{EvalWriter, MetricsWriter};
@@ -44,8 +44,7 @@ pub(super) fn train_from(
 ) -> Result<WorkerResult, RunError> {
     let rank = group.rank();
     let world = group.size();
-    // The rank in the job's first world: what fault injection and membership records name.
-    let job_rank = group.world_ranks().get(rank).copied().unwrap_or(rank);
+    let job_rank = job_rank(&group);
     if cfg.flush_denormals {
         crate::denormals::flush_on_compute_threads()?;
     }
