@@ -7,6 +7,7 @@ use std::time::Duration;
 pub use localsgd_averagers::AverageCompression;
 pub use localsgd_pipeline::algorithm::AlgorithmSpec;
 pub use localsgd_pipeline::pipeline::BufferPolicy;
+pub use localsgd_pipeline::recovery::OnRankFailure;
 pub use localsgd_pipeline::settings::{
     AlgorithmKind, AverageCompressionKind, Levels, OuterSettings,
 };
@@ -39,6 +40,15 @@ pub struct StrategyConfig {
     /// Epochs of per-rank checkpoints kept beside burn-train's (ranks other than 0); resuming
     /// from an older epoch fails naming the missing file.
     pub keep_rank_checkpoints: usize,
+    /// What the surviving ranks do when a rank fails (a panic, a killed process): `Abort`
+    /// ends `fit` with the failure; `Continue` shrinks the world to the survivors, which go
+    /// back to the last epoch every rank saved and train on, the data dealt again over them;
+    /// `Replace` also starts a rank in the failed one's place (a thread, or under MPI with
+    /// ULFM a spawned process) that takes its saved state. Both need the strategy's directory
+    /// ([`LocalSgdStrategy::with_directory`](crate::LocalSgdStrategy::with_directory)), where
+    /// every rank then saves its whole state after each epoch (book: With burn-train's
+    /// Learner).
+    pub on_rank_failure: OnRankFailure,
 }
 
 impl Default for StrategyConfig {
@@ -60,13 +70,31 @@ impl StrategyConfig {
             skip_non_finite: false,
             timeout: Duration::from_secs(300),
             keep_rank_checkpoints: 2,
+            on_rank_failure: OnRankFailure::Abort,
         }
+    }
+
+    /// These settings with `on_rank_failure` (what the survivors of a failed rank do).
+    pub fn with_on_rank_failure(mut self, on_rank_failure: OnRankFailure) -> Self {
+        self.on_rank_failure = on_rank_failure;
+        self
     }
 
     /// These settings with `workers` thread ranks.
     pub fn with_workers(mut self, workers: usize) -> Self {
         self.workers = workers;
         self
+    }
+
+    /// The refusal of `on_rank_failure = Continue | Replace` without the strategy's directory,
+    /// where the ranks' saved states live.
+    pub(crate) fn without_directory(&self) -> StrategyError {
+        StrategyError::Config(format!(
+            "invalid setting `on_rank_failure` = {:?}: the survivors continue from the state \
+             every rank saves after each epoch in the strategy's directory; give it one \
+             (`LocalSgdStrategy::with_directory`), or use `OnRankFailure::Abort`",
+            self.on_rank_failure
+        ))
     }
 
     /// Check every rule that does not need the ranks to exist, for a run on `world` ranks

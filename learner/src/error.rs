@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use localsgd_comm::CommError;
 use localsgd_pipeline::checkpoint::CheckpointError;
 use localsgd_pipeline::pipeline::PipelineError;
+use localsgd_pipeline::recovery::RecoveryError;
 
 /// Why a [`LocalSgdStrategy`](crate::LocalSgdStrategy) run could not start or continue. The
 /// strategy reports it through burn-train's `Interrupter` (as a `TrainingError::Workers` entry
@@ -46,4 +47,20 @@ pub enum StrategyError {
     /// A thread rank panicked (its peers then fail at their next collective).
     #[error("panicked: {0}")]
     Panicked(String),
+    /// The survivors of a failed rank could not go on (`on_rank_failure`).
+    #[error("recovering from a failed rank: {0}")]
+    Recovery(#[from] RecoveryError),
+}
+
+impl StrategyError {
+    /// Whether this is a peer's failure as this rank met it (a collective found a rank gone),
+    /// the failure `on_rank_failure = Continue | Replace` survives.
+    pub fn is_peer_lost(&self) -> bool {
+        match self {
+            Self::Pipeline(e) => e.is_peer_lost(),
+            Self::Comm(e) => e.is_peer_lost(),
+            Self::Checkpoint(e) => e.is_peer_lost(),
+            _ => false,
+        }
+    }
 }

@@ -44,13 +44,14 @@ pub mod config;
 mod console;
 mod error;
 mod rank;
+mod recovery;
 mod report;
 pub mod state;
 mod strategy;
 
 pub use config::{
     AlgorithmKind, AlgorithmSpec, AverageCompression, AverageCompressionKind, BufferPolicy, Levels,
-    OuterSettings, StrategyConfig,
+    OnRankFailure, OuterSettings, StrategyConfig,
 };
 pub use console::ConsoleRenderer;
 pub use error::StrategyError;

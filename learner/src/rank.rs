@@ -6,6 +6,7 @@
 //! event processor the [`IterationObserver`] of [`Pipeline::run_epoch`].
 
 use std::cell::RefCell;
+use std::path::Path;
 use std::rc::Rc;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -24,10 +25,12 @@ use localsgd_pipeline::pipeline::{
     Accumulation, BatchSource, ForwardBackward, InnerOptimizer, IterationObserver, IterationReport,
     MicroBatch, ObserverError, Pipeline, PipelineOptions, SourceError, StepOutput, refresh_buffers,
 };
+use localsgd_pipeline::recovery::{Recovery, Start};
 use localsgd_pipeline::settings::AlgorithmKind;
 
 use crate::config::StrategyConfig;
 use crate::error::StrategyError;
+use crate::recovery::{Bundle, EpochStore, RecordCapture};
 use crate::report::RankReport;
 use crate::state::{RankState, StateDir};
 use localsgd_pipeline::checkpoint::PipelineState;
@@ -37,6 +40,8 @@ use localsgd_pipeline::checkpoint::PipelineState;
 pub(crate) struct Shared<'a, M: LearnerModel> {
     pub config: &'a StrategyConfig,
     pub device: &'a Device,
+    /// The strategy's directory (`with_directory`).
+    pub directory: Option<&'a Path>,
     pub state_dir: Option<&'a StateDir>,
     /// The training loader's items (for progress).
     pub train_items: usize,
@@ -44,6 +49,8 @@ pub(crate) struct Shared<'a, M: LearnerModel> {
     /// start: each slice forks the loader's shuffling generator, so the order of the slices
     /// fixes each shard's shuffle).
     pub shards: &'a Mutex<Vec<Option<TrainLoader<M>>>>,
+    /// The training loader, dealt again over the ranks of each world after a failure.
+    pub train: &'a TrainLoader<M>,
     pub valid: &'a ValidLoader<M>,
     pub num_epochs: usize,
     pub starting_epoch: usize,
@@ -55,6 +62,8 @@ pub(crate) struct Shared<'a, M: LearnerModel> {
 
 /// How a rank ended.
 pub(crate) struct RankEnd<M> {
+    /// Its rank in the final world.
+    pub rank: usize,
     /// The rank's own final model.
     pub own: M,
     /// The world average of the final models (DDP: the rank's own); `None` when the rank
@@ -66,28 +75,117 @@ pub(crate) struct RankEnd<M> {
     pub error: Option<StrategyError>,
 }
 
-/// Run rank `group.rank()` of the strategy to its end.
+/// Where a world's training begins.
+enum Begin {
+    /// From the initial `Learner` (a fresh run, or survivors with no saved epoch).
+    Fresh,
+    /// After epoch `.0`, resumed through burn-train (`.checkpoint(epoch)`): rank 0's learner
+    /// was restored by burn-train, the other ranks' from their checkpoints, every rank's
+    /// schedule from its state file.
+    Resumed(usize),
+    /// From a rank's saved state of an epoch (after a failure: the survivors' own, a
+    /// replacement's handed over).
+    Saved(Box<Bundle>),
+}
+
+/// Run rank `group.rank()` of the strategy to its end (through the worlds after failures,
+/// under `on_rank_failure = Continue | Replace`).
 pub(crate) fn run_rank<M: LearnerModel>(
     shared: &Shared<'_, M>,
     group: Group,
     mut learner: Learner<M>,
 ) -> RankEnd<M> {
     learner.fork(shared.device);
+    let initial = learner.clone();
     let learner = Arc::new(Mutex::new(learner));
-    let mut rank = match RankLoop::new(shared, group, learner.clone()) {
-        Ok(r) => r,
-        Err(e) => return RankEnd::failed(lock(&learner).model(), e),
+    let rank = group.rank();
+    let ended = if shared.config.on_rank_failure.survives() {
+        run_surviving(shared, group, &learner, &initial)
+    } else {
+        let begin = match shared.starting_epoch {
+            0 | 1 => Begin::Fresh,
+            e => Begin::Resumed(e - 1),
+        };
+        train_world(shared, &group, &learner, begin, true, None)
     };
-    let trained = rank.run();
-    match trained.and_then(|()| rank.finish()) {
-        Ok(end) => end,
-        Err(e) => RankEnd::failed(rank.current_model(), e),
+    ended.unwrap_or_else(|e| RankEnd::failed(rank, lock(&learner).model(), e))
+}
+
+/// [`run_rank`] under `Continue` or `Replace`: the pipeline's [`Recovery`] trains world after
+/// world, each from the latest epoch every rank saved ([`EpochStore`]).
+fn run_surviving<M: LearnerModel>(
+    shared: &Shared<'_, M>,
+    group: Group,
+    learner: &Arc<Mutex<Learner<M>>>,
+    initial: &Learner<M>,
+) -> Result<RankEnd<M>, StrategyError> {
+    let config = shared.config;
+    let policy = config.on_rank_failure;
+    let directory = shared.directory.ok_or_else(|| config.without_directory())?;
+    let store = EpochStore::new(directory);
+    let spec = config.algorithm.clone();
+    let (recovery, start) = if group.joined() {
+        let (recovery, joined) = Recovery::join(policy, Some(directory), spec, &group)?;
+        (recovery, joined.start)
+    } else {
+        let recovery = Recovery::new(policy, Some(directory), spec, group.size(), group.rank());
+        let start = match shared.starting_epoch {
+            0 | 1 => Start::Fresh,
+            _ => Start::Resume,
+        };
+        (recovery, start)
+    };
+    let mut recovery = recovery.with_store(Box::new(store.clone()));
+    let mut first = !group.joined();
+    let (end, _) = recovery.run(
+        group,
+        start,
+        StrategyError::is_peer_lost,
+        |group, start, recovery| {
+            let begin = match start {
+                Start::Fresh => {
+                    *lock(learner) = initial.clone();
+                    Begin::Fresh
+                }
+                Start::Resume => Begin::Resumed(shared.starting_epoch.saturating_sub(1)),
+                Start::ResumeFrom(saved) => Begin::Saved(Box::new(store.read(saved)?)),
+                Start::Received { bytes, .. } => Begin::Saved(Box::new(Bundle::decode(
+                    Path::new("(a rank's state received from a live rank)"),
+                    &bytes,
+                )?)),
+            };
+            let first = std::mem::replace(&mut first, false);
+            train_world(shared, group, learner, begin, first, Some(recovery))
+        },
+    )?;
+    Ok(end)
+}
+
+/// Train one world from `begin` to its end. `first`: the job's first world (whose shards
+/// were sliced before the ranks started). A failure leaves the rank's current model in
+/// `learner`.
+fn train_world<M: LearnerModel>(
+    shared: &Shared<'_, M>,
+    group: &Group,
+    learner: &Arc<Mutex<Learner<M>>>,
+    begin: Begin,
+    first: bool,
+    recovery: Option<&mut Recovery>,
+) -> Result<RankEnd<M>, StrategyError> {
+    let mut rank = RankLoop::new(shared, group.clone(), learner.clone(), recovery)?;
+    let from = rank.begin(begin)?;
+    let trained = rank.run(from, first).and_then(|()| rank.finish());
+    if trained.is_err() {
+        let model = rank.current_model();
+        lock(learner).load_model(model.into_record());
     }
+    trained
 }
 
 impl<M> RankEnd<M> {
-    fn failed(own: M, error: StrategyError) -> Self {
+    fn failed(rank: usize, own: M, error: StrategyError) -> Self {
         Self {
+            rank,
             own,
             averaged: None,
             ranks: None,
@@ -179,8 +277,10 @@ impl<I> BatchSource<I> for LoaderSource<'_, I> {
 /// Rank 0 feeds burn-train's event processor with each micro-batch's output after every
 /// iteration (metrics, renderer, loggers); its items are counted over all ranks, as
 /// burn-train's DDP counts them. The other ranks observe nothing.
-struct Events<'s, 'a, M: LearnerModel> {
+struct Events<'s, 'a, 'r, M: LearnerModel> {
     shared: &'s Shared<'a, M>,
+    /// Told of every completed iteration (it times a recovery).
+    recovery: Option<&'r mut Recovery>,
     learner: &'s Mutex<Learner<M>>,
     feeds: bool,
     world: usize,
@@ -191,8 +291,11 @@ struct Events<'s, 'a, M: LearnerModel> {
     batches: usize,
 }
 
-impl<M: LearnerModel> IterationObserver<M> for Events<'_, '_, M> {
-    fn after_iteration(&mut self, _: &IterationReport, _: &M) -> Result<bool, ObserverError> {
+impl<M: LearnerModel> IterationObserver<M> for Events<'_, '_, '_, M> {
+    fn after_iteration(&mut self, report: &IterationReport, _: &M) -> Result<bool, ObserverError> {
+        if let Some(recovery) = self.recovery.as_deref_mut() {
+            recovery.completed(report.iteration + 1)?;
+        }
         let outputs = std::mem::take(&mut *self.outputs.borrow_mut());
         if !self.feeds {
             return Ok(true);
@@ -224,8 +327,12 @@ impl<M: LearnerModel> IterationObserver<M> for Events<'_, '_, M> {
     }
 }
 
-struct RankLoop<'a, 's, M: LearnerModel> {
+struct RankLoop<'a, 's, 'r, M: LearnerModel> {
     shared: &'s Shared<'a, M>,
+    /// The recovery of a run that survives failed ranks.
+    recovery: Option<&'r mut Recovery>,
+    /// The learner's records for the recovery's saved states.
+    capture: Option<RecordCapture<M>>,
     group: Group,
     rank: usize,
     world: usize,
@@ -237,17 +344,18 @@ struct RankLoop<'a, 's, M: LearnerModel> {
     traffic_start: Traffic,
 }
 
-impl<'a, 's, M: LearnerModel> RankLoop<'a, 's, M> {
+impl<'a, 's, 'r, M: LearnerModel> RankLoop<'a, 's, 'r, M> {
     fn new(
         shared: &'s Shared<'a, M>,
         group: Group,
         learner: Arc<Mutex<Learner<M>>>,
+        recovery: Option<&'r mut Recovery>,
     ) -> Result<Self, StrategyError> {
         let config = shared.config;
+        config.validate(group.size())?;
         let parts = algorithm::build(&config.algorithm, &group)?;
         let rank = group.rank();
         let world = group.size();
-        let resuming = shared.starting_epoch > 1;
         let options = PipelineOptions {
             // The learner's scheduler sets every step's rate.
             lr: 0.0,
@@ -259,7 +367,8 @@ impl<'a, 's, M: LearnerModel> RankLoop<'a, 's, M> {
             skip_non_finite: config.skip_non_finite,
             metrics_every: 0,
             checkpoint_every: 0,
-            broadcast_start: config.broadcast_start && !resuming,
+            // A restored pipeline continues from each rank's own state (`begin`).
+            broadcast_start: config.broadcast_start,
             buffers: config.buffers,
         };
         let optimizer = LearnerOptimizer {
@@ -273,8 +382,10 @@ impl<'a, 's, M: LearnerModel> RankLoop<'a, 's, M> {
         };
         let model = lock(&learner).model();
         let traffic_start = group.traffic();
-        let mut this = Self {
+        Ok(Self {
             shared,
+            capture: recovery.is_some().then(RecordCapture::new),
+            recovery,
             group,
             rank,
             world,
@@ -283,11 +394,115 @@ impl<'a, 's, M: LearnerModel> RankLoop<'a, 's, M> {
             model: Some(model),
             checkpointer,
             traffic_start,
+        })
+    }
+
+    /// Take up `begin`; returns the first epoch to train. A run that survives failed ranks
+    /// saves the state a burn-train resume took up at once, so that the survivors of a failure
+    /// before the next epoch's end go back to it.
+    fn begin(&mut self, begin: Begin) -> Result<usize, StrategyError> {
+        let (start, from) = match begin {
+            Begin::Fresh => (Start::Fresh, 1),
+            Begin::Resumed(epoch) => {
+                self.restore(epoch)?;
+                (Start::Resume, epoch + 1)
+            }
+            Begin::Saved(bundle) => {
+                self.restore_saved(&bundle)?;
+                (Start::ResumeFrom(bundle.state.rank), bundle.epoch + 1)
+            }
         };
-        if resuming {
-            this.restore(shared.starting_epoch - 1)?;
+        let resumed = (from > 1).then(|| self.pipeline.iteration());
+        if let Some(recovery) = self.recovery.as_deref_mut() {
+            recovery.started(&start, self.rank, resumed);
         }
-        Ok(this)
+        if let Start::Resume = start
+            && self.recovery.is_some()
+        {
+            let pipeline = PipelineState::capture(&mut self.pipeline)?;
+            self.save_recovery(from - 1, &pipeline)?;
+        }
+        Ok(from)
+    }
+
+    /// Continue from a rank's saved state (written by a world of `bundle.state.world` ranks,
+    /// perhaps another number): the learner's records and the pipeline's state.
+    fn restore_saved(&mut self, bundle: &Bundle) -> Result<(), StrategyError> {
+        let config = self.shared.config;
+        let saved = &bundle.state;
+        let identity = config.algorithm.for_world(saved.world).identity();
+        if saved.algorithm != identity {
+            return Err(StrategyError::Resume(format!(
+                "the state saved after epoch {} was written by a run with {}; this run has \
+                 {identity}",
+                bundle.epoch, saved.algorithm
+            )));
+        }
+        let now = crate::state::fixed_settings(config);
+        if let Some(was) = &saved.settings
+            && let Some((was, is)) = was.iter().zip(&now).find(|(a, b)| a != b)
+        {
+            return Err(StrategyError::Resume(format!(
+                "the state saved after epoch {} was written with `{was}`, this run has `{is}`",
+                bundle.epoch
+            )));
+        }
+        let mut learner = lock(&self.learner);
+        bundle.restore_learner(&mut learner)?;
+        self.model = Some(learner.model());
+        drop(learner);
+        let source = Path::new("(a rank's saved state)");
+        let state = PipelineState::from_bytes(source, &bundle.pipeline)?;
+        self.pipeline.restore(state.into_restored())?;
+        Ok(())
+    }
+
+    /// Save this rank's whole state after `epoch` (the pipeline's: `pipeline`) for a recovery,
+    /// and once every rank has (collective), seal the epoch (rank 0). Nothing without one.
+    fn save_recovery(
+        &mut self,
+        epoch: usize,
+        pipeline: &PipelineState,
+    ) -> Result<(), StrategyError> {
+        let Some(directory) = self.shared.directory else {
+            return Ok(());
+        };
+        self.sync_learner();
+        let Some(capture) = self.capture.as_mut() else {
+            return Ok(());
+        };
+        let [model, optim, scheduler] =
+            capture.capture(&lock(&self.learner), self.shared.event_store)?;
+        let iterations = pipeline.iterations_done;
+        let bundle = Bundle {
+            state: self.rank_state(iterations),
+            epoch,
+            pipeline: pipeline.to_bytes()?,
+            model,
+            optim,
+            scheduler,
+        };
+        let store = EpochStore::new(directory);
+        store.write(&bundle, self.shared.config.keep_rank_checkpoints.max(2))?;
+        // Every rank's file is written before any rank counts the epoch as saved.
+        self.group.all_true(true)?;
+        if let Some(recovery) = self.recovery.as_deref_mut() {
+            recovery.remember_checkpoint(iterations, self.rank);
+        }
+        if self.rank == 0 {
+            store.seal(epoch, iterations, self.group.world_ranks())?;
+        }
+        Ok(())
+    }
+
+    fn rank_state(&self, iterations: u64) -> RankState {
+        RankState {
+            rank: self.rank,
+            world: self.world,
+            algorithm: self.shared.config.algorithm.identity(),
+            iterations,
+            settings: Some(crate::state::fixed_settings(self.shared.config)),
+        }
     }
 
     /// Continue after `epoch`: the schedule from this rank's state file; for ranks other than 0
@@ -368,16 +583,27 @@ impl<'a, 's, M: LearnerModel> RankLoop<'a, 's, M> {
         }
     }
 
-    fn run(&mut self) -> Result<(), StrategyError> {
+    /// Train epochs `from..=num_epochs`. The job's `first` world takes the shards sliced
+    /// before the ranks started; a world after a failure deals the training loader again over
+    /// its ranks, in rank order.
+    fn run(&mut self, from: usize, first: bool) -> Result<(), StrategyError> {
         let shared = self.shared;
         let n = shared.train_items;
-        let shard = lock(shared.shards)
-            .get_mut(self.rank)
-            .and_then(Option::take)
-            .ok_or_else(|| {
-                StrategyError::Config(format!("rank {}: no shard of the training data", self.rank))
-            })?
-            .to_device(shared.device);
+        let shard = if first {
+            lock(shared.shards)
+                .get_mut(self.rank)
+                .and_then(Option::take)
+                .ok_or_else(|| {
+                    StrategyError::Config(format!(
+                        "rank {}: no shard of the training data",
+                        self.rank
+                    ))
+                })?
+        } else {
+            let (r, w) = (self.rank, self.world);
+            shared.train.slice(r * n / w, (r + 1) * n / w)
+        }
+        .to_device(shared.device);
         // Only rank 0 validates (and forks the validation loader's generator).
         let valid =
             (self.rank == 0).then(|| shared.valid.to_device(&shared.device.clone().inner()));
@@ -386,14 +612,14 @@ impl<'a, 's, M: LearnerModel> RankLoop<'a, 's, M> {
         // epoch already trained, so that its epochs see the uninterrupted run's orders. (A
         // multi-threaded loader's workers may batch an item of each before they see the
         // iterator gone.)
-        for _ in 1..shared.starting_epoch {
+        for _ in 1..from {
             drop(shard.iter());
             if let Some(valid) = &valid {
                 drop(valid.iter());
             }
         }
         let interrupter = shared.interrupter;
-        for epoch in shared.starting_epoch..=shared.num_epochs {
+        for epoch in from..=shared.num_epochs {
             if self.rank == 0 {
                 self.with_components(|c| {
                     interrupter.fail_on_error(c.event_processor.process_train(
@@ -470,6 +696,7 @@ impl<'a, 's, M: LearnerModel> RankLoop<'a, 's, M> {
         };
         let mut events = Events {
             shared,
+            recovery: self.recovery.as_deref_mut(),
             learner: &self.learner,
             feeds: self.rank == 0,
             world: self.world,
@@ -547,19 +774,14 @@ impl<'a, 's, M: LearnerModel> RankLoop<'a, 's, M> {
         }
         if let Some(dir) = self.shared.state_dir {
             let pipeline = PipelineState::capture(&mut self.pipeline)?;
-            let state = RankState {
-                rank: self.rank,
-                world: self.world,
-                algorithm: self.shared.config.algorithm.identity(),
-                iterations: pipeline.iterations_done,
-                settings: Some(crate::state::fixed_settings(self.shared.config)),
-            };
+            let state = self.rank_state(pipeline.iterations_done);
             dir.save(
                 &state,
                 &pipeline,
                 epoch,
                 self.shared.config.keep_rank_checkpoints,
             )?;
+            self.save_recovery(epoch, &pipeline)?;
         }
         Ok(())
     }
@@ -584,7 +806,11 @@ impl<'a, 's, M: LearnerModel> RankLoop<'a, 's, M> {
             traffic,
         };
         let ranks = RankReport::gather(&self.group, &mine)?;
+        if let Some(recovery) = self.recovery.as_deref_mut() {
+            recovery.finished()?;
+        }
         Ok(RankEnd {
+            rank: self.rank,
             own,
             averaged: Some(averaged),
             ranks: Some(ranks),

@@ -151,7 +151,13 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for LocalSgdStrategy {
             .group
             .as_ref()
             .map_or(self.config.workers, |g| g.size());
-        if let Err(e) = self.config.validate(world) {
+        let checked = self.config.validate(world).and_then(|()| {
+            match (self.config.on_rank_failure.survives(), &self.directory) {
+                (true, None) => Err(self.config.without_directory()),
+                _ => Ok(()),
+            }
+        });
+        if let Err(e) = checked {
             interrupter.fail(failure(0, &e));
             return (fallback, components.event_processor);
         }
@@ -168,9 +174,11 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for LocalSgdStrategy {
         let shared = Shared {
             config: &self.config,
             device: &self.device,
+            directory: self.directory.as_deref(),
             state_dir: dir.as_ref(),
             train_items: n,
             shards: &shards,
+            train: &dataloader_train,
             valid: &dataloader_valid,
             num_epochs,
             starting_epoch,
@@ -193,52 +201,91 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for LocalSgdStrategy {
 }
 
 impl LocalSgdStrategy {
-    /// The thread ranks' ends, in rank order.
+    /// The thread ranks' ends, in rank order. Under `on_rank_failure = Continue | Replace`,
+    /// when some rank finished: the final world's ranks only (a rank that failed left; a
+    /// replacement, a thread with a fork of the `Learner`, took its place).
     fn run_threads<M: LearnerModel>(
         &self,
         shared: &Shared<'_, M>,
         learner: Learner<M>,
     ) -> Vec<RankEnd<M>> {
-        // The model a rank that never started reports (behind a lock: the ranks' closure is
-        // shared by their threads).
-        let spare = Mutex::new(learner.model());
-        let failed = |e: StrategyError| RankEnd {
-            own: spare.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+        // The learner a replacement forks, and the model a rank that never started reports
+        // (behind a lock: the ranks' closure is shared by their threads).
+        let spare = Mutex::new(learner.clone());
+        let failed = |rank: usize, e: StrategyError| RankEnd {
+            rank,
+            own: spare.lock().unwrap_or_else(|p| p.into_inner()).model(),
             averaged: None,
             ranks: None,
             error: Some(e),
         };
         let world = match ThreadWorld::new(self.config.workers) {
             Ok(w) => w.with_timeout(self.config.timeout),
-            Err(e) => return vec![failed(e.into())],
+            Err(e) => return vec![failed(0, e.into())],
         };
         // One fork of the learner per rank, taken by its thread.
         let learners: Vec<Mutex<Option<Learner<M>>>> = (0..self.config.workers)
             .map(|_| Mutex::new(Some(learner.clone())))
             .collect();
-        let results = world.run(|group| {
+        let results = world.run_each(|group| {
             let rank = group.rank();
-            let taken = learners[rank].lock().ok().and_then(|mut l| l.take());
+            let taken = if group.joined() {
+                Some(spare.lock().unwrap_or_else(|p| p.into_inner()).clone())
+            } else {
+                learners[rank].lock().ok().and_then(|mut l| l.take())
+            };
             match taken {
                 Some(learner) => run_rank(shared, group, learner),
-                None => failed(StrategyError::Config(format!("rank {rank}: no learner"))),
+                None => failed(
+                    rank,
+                    StrategyError::Config(format!("rank {rank}: no learner")),
+                ),
             }
         });
-        match results {
-            Ok(ends) => ends,
-            Err(panicked) => {
-                let mut ends: Vec<RankEnd<M>> = Vec::new();
-                for rank in 0..self.config.workers {
-                    let message = if rank == panicked.rank {
-                        panicked.message.clone()
-                    } else {
-                        format!("rank {} panicked", panicked.rank)
-                    };
-                    ends.push(failed(StrategyError::Panicked(message)));
+        let finished = results
+            .iter()
+            .any(|r| r.as_ref().is_ok_and(|end| end.error.is_none()));
+        if self.config.on_rank_failure.survives() && finished {
+            let mut ends: Vec<RankEnd<M>> = Vec::new();
+            for result in results {
+                match result {
+                    Ok(end) if end.error.is_none() => ends.push(end),
+                    Ok(end) => {
+                        if let Some(e) = &end.error {
+                            tracing::warn!("rank {} left the run: {e}", end.rank);
+                        }
+                    }
+                    Err(panicked) => tracing::warn!(
+                        "rank {} left the run: it panicked: {}",
+                        panicked.rank,
+                        panicked.message
+                    ),
                 }
-                ends
             }
+            ends.sort_by_key(|end| end.rank);
+            return ends;
         }
+        let panicked = results.iter().find_map(|r| r.as_ref().err()).cloned();
+        results
+            .into_iter()
+            .enumerate()
+            .map(|(i, result)| match result {
+                Ok(end) => end,
+                Err(p) => failed(i, StrategyError::Panicked(p.message)),
+            })
+            .map(|mut end| {
+                // A peer's "rank N failed" names the panic as its cause.
+                if let (Some(p), Some(e)) = (&panicked, &end.error)
+                    && e.is_peer_lost()
+                {
+                    end.error = Some(StrategyError::Panicked(format!(
+                        "rank {} panicked: {}",
+                        p.rank, p.message
+                    )));
+                }
+                end
+            })
+            .collect()
     }
 
     /// Report the ranks' failures through the interrupter (root causes, not a peer's "rank N

@@ -8,5 +8,6 @@ mod console;
 #[cfg(feature = "mpi")]
 mod mpi;
 mod one_process_per_rank;
+mod rank_failure;
 mod resume_and_stop;
 mod strategy_vs_pipeline;

@@ -1,11 +1,11 @@
 //! Where the survivors of a failure continue: the last published checkpoint, agreed by all of
 //! them.
 
+use super::store::CheckpointStore;
 use super::{RecoveryError, Start};
-use crate::checkpoint::{CheckpointDir, CheckpointError};
+use crate::checkpoint::CheckpointError;
 use crate::settings::SettingError;
 use localsgd_comm::Group;
-use std::path::Path;
 
 /// Where the survivors continue after a rank failure, and whether some survivor's world failed
 /// again before completing an iteration (agreed): the last published checkpoint, if it is one
@@ -15,21 +15,17 @@ use std::path::Path;
 pub(super) fn continue_point(
     checkpoints: &[(u64, usize)],
     survivors: &Group,
-    dir: Option<&Path>,
+    store: Option<&dyn CheckpointStore>,
     failed_again: bool,
 ) -> Result<(Start, bool), RecoveryError> {
-    let dir = dir.ok_or_else(|| {
+    let store = store.ok_or_else(|| {
         RecoveryError::Setting(SettingError::new(
             "on-rank-failure",
             "continue",
             "`abort`, or a run directory: the survivors continue from its last checkpoint",
         ))
     })?;
-    let latest = match CheckpointDir::new(dir).latest_iterations() {
-        Ok(i) => Some(i),
-        Err(CheckpointError::Missing(_)) => None,
-        Err(e) => return Err(e.into()),
-    };
+    let latest = store.latest()?;
     // Every survivor must continue from the same checkpoint: a file system that shows the
     // hosts different `latest` files (stale metadata caches) would part them. Whether the
     // world failed again before an iteration is agreed too (a survivor may have completed the
@@ -50,7 +46,7 @@ pub(super) fn continue_point(
             format!(
                 "the survivors see different latest checkpoints in {} (by rank: {}): the run \
              directory must be on a file system that shows every rank the same files",
-                dir.display(),
+                store.location().display(),
                 named.join(", ")
             ),
         )));
@@ -64,7 +60,7 @@ pub(super) fn continue_point(
             tracing::warn!(
                 latest,
                 "the latest checkpoint in {} is not this job's: the survivors start over",
-                dir.display()
+                store.location().display()
             );
             Start::Fresh
         }

@@ -3,11 +3,10 @@
 //! file of the checkpoint the world continues from, over `broadcast_bytes`.
 
 use super::membership::MembershipChange;
+use super::store::CheckpointStore;
 use super::{RecoveryError, Start};
-use crate::algorithm::AlgorithmSpec;
-use crate::checkpoint::{CheckpointDir, CheckpointError};
+use crate::checkpoint::CheckpointError;
 use localsgd_comm::{CommError, Group, GroupExt};
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// What a live rank hands a replacement that joined the world, before the rank file it
@@ -36,16 +35,15 @@ pub(super) struct Handover {
 }
 
 /// A [`Handover`] before the sender picks each replacement's file.
-pub(super) struct PreparedHandover {
+pub(super) struct PreparedHandover<'a> {
     header: Handover,
     /// The sender's saved rank in the latest checkpoint (`None`: no checkpoint).
     own: Option<usize>,
     detected: Instant,
-    dir: Option<PathBuf>,
-    spec: AlgorithmSpec,
+    store: Option<&'a dyn CheckpointStore>,
 }
 
-impl PreparedHandover {
+impl<'a> PreparedHandover<'a> {
     /// What the sender hands the replacements: `start` is where the world continues (the
     /// sender's own saved rank of the latest checkpoint, or the start).
     pub(super) fn new(
@@ -54,8 +52,7 @@ impl PreparedHandover {
         detected: Instant,
         workers: usize,
         membership: &[MembershipChange],
-        dir: Option<&Path>,
-        spec: &AlgorithmSpec,
+        store: Option<&'a dyn CheckpointStore>,
     ) -> Self {
         Self {
             header: Handover {
@@ -72,8 +69,7 @@ impl PreparedHandover {
                 _ => None,
             },
             detected,
-            dir: dir.map(Path::to_path_buf),
-            spec: spec.clone(),
+            store,
         }
     }
 
@@ -88,20 +84,13 @@ impl PreparedHandover {
             ..self.header
         };
         let file = (|| -> Result<Option<(usize, Vec<u8>, u64)>, String> {
-            let (Some(own), Some(dir)) = (self.own, &self.dir) else {
+            let (Some(own), Some(store)) = (self.own, self.store) else {
                 return Ok(None);
             };
-            let checkpoints = CheckpointDir::new(dir);
-            let (_, saved) = checkpoints.latest_identity().map_err(|e| e.to_string())?;
-            let saved_rank = saved
-                .member_ranks()
-                .iter()
-                .position(|&m| m == job_rank)
-                .unwrap_or(own);
-            let (bytes, iterations) = checkpoints
-                .latest_rank_bytes(saved_rank, &self.spec)
-                .map_err(|e| e.to_string())?;
-            Ok(Some((saved_rank, bytes, iterations)))
+            store
+                .rank_bytes(job_rank, own)
+                .map(Some)
+                .map_err(|e| e.to_string())
         })();
         let bytes = match file {
             Ok(Some((saved_rank, bytes, iterations))) => {
@@ -129,7 +118,7 @@ impl PreparedHandover {
 /// [`receive`] on the new ranks): the lowest live rank sends each new rank, in rank order, its
 /// [`Handover`] message. It always sends one, with `error` set when it could not read the
 /// file, so that no rank waits for a message that never comes.
-pub(super) fn send(grown: &Group, handover: PreparedHandover) -> Result<(), CommError> {
+pub(super) fn send(grown: &Group, handover: PreparedHandover<'_>) -> Result<(), CommError> {
     let (joined, root) = layout(grown)?;
     for &new in &joined {
         let mut message = if grown.rank() == root {

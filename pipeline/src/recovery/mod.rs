@@ -16,6 +16,10 @@
 //! [`joined`](localsgd_comm::ProcessGroup::joined)) starts with [`Recovery::join`]. Rank 0
 //! records each change in the run directory's `membership.csv` ([`MembershipChange`]).
 //!
+//! The checkpoints are the run directory's [`Checkpoints`] by default; an entry point that
+//! keeps its state elsewhere hands its own [`CheckpointStore`] to
+//! [`with_store`](Recovery::with_store) (the burn-train strategy does).
+//!
 //! A peer's failure is what [`PipelineError::is_peer_lost`](crate::pipeline::PipelineError::is_peer_lost)
 //! and [`CheckpointError::is_peer_lost`] say, or for an error type of your own that wraps them
 //! [`is_peer_lost`](crate::pipeline::is_peer_lost); any other error ends the rank.
@@ -23,8 +27,10 @@
 mod agree;
 mod handover;
 mod membership;
+mod store;
 
 pub use membership::{MEMBERSHIP_FILE, MembershipChange, append_membership};
+pub use store::{CheckpointDirStore, CheckpointStore};
 
 use crate::algorithm::AlgorithmSpec;
 use crate::checkpoint::{CheckpointError, Checkpoints, Resumed};
@@ -141,8 +147,10 @@ pub enum RecoveryError {
 #[derive(Debug)]
 pub struct Recovery {
     policy: OnRankFailure,
+    /// Where `membership.csv` is written.
     dir: Option<PathBuf>,
-    spec: AlgorithmSpec,
+    /// The checkpoints the survivors continue from.
+    store: Option<Box<dyn CheckpointStore>>,
     workers: usize,
     /// This rank's rank in its current world (the one that records changes is rank 0).
     rank: usize,
@@ -181,8 +189,8 @@ pub struct Recovered {
 
 impl Recovery {
     /// A rank of a job of `workers` ranks training `spec` (the configured algorithm), whose
-    /// checkpoints and `membership.csv` are in `dir`, doing `policy` when a peer fails. `rank`
-    /// is its rank in the first world.
+    /// checkpoints ([`Checkpoints`]) and `membership.csv` are in `dir`, doing `policy` when a
+    /// peer fails. `rank` is its rank in the first world.
     pub fn new(
         policy: OnRankFailure,
         dir: Option<&Path>,
@@ -193,7 +201,8 @@ impl Recovery {
         Self {
             policy,
             dir: dir.map(Path::to_path_buf),
-            spec,
+            store: dir
+                .map(|d| Box::new(CheckpointDirStore::new(d, spec)) as Box<dyn CheckpointStore>),
             workers,
             rank,
             checkpoints: Vec::new(),
@@ -229,6 +238,14 @@ impl Recovery {
                 detected_at: handover.detected_at,
             },
         ))
+    }
+
+    /// Continue from the checkpoints of `store` instead of the run directory's
+    /// [`Checkpoints`] (`membership.csv` stays in the directory given to [`new`](Self::new) or
+    /// [`join`](Self::join)).
+    pub fn with_store(mut self, store: Box<dyn CheckpointStore>) -> Self {
+        self.store = Some(store);
+        self
     }
 
     /// What this rank does when a peer fails.
@@ -335,7 +352,7 @@ impl Recovery {
             let (next, failed_again) = agree::continue_point(
                 &self.checkpoints,
                 &survivors,
-                self.dir.as_deref(),
+                self.store.as_deref(),
                 unrecovered,
             )?;
             let replace = self.policy == OnRankFailure::Replace && !failed_again;
@@ -381,8 +398,7 @@ impl Recovery {
                     detected,
                     self.workers,
                     &self.membership,
-                    self.dir.as_deref(),
-                    &self.spec,
+                    self.store.as_deref(),
                 );
                 match handover::send(&next_group, prepared) {
                     Ok(()) => {}
