@@ -16,10 +16,19 @@
 //! `--period N` (4; DiLoCo's H), `--items N` (train on the first N images; default
 //! all 60,000), `--out DIR` (runs/fashion-mnist-learner), `--device cpu|libtorch|libtorch-cuda`
 //! (cpu: burn's own backend; the LibTorch ones need the feature `libtorch` and PyTorch
-//! installed, book: Performance).
+//! installed, book: Performance), `--on-rank-failure abort|continue|replace` (abort),
+//! `--fail-at R:S` (rehearse a failure: rank R's thread panics in its S-th optimizer step, once;
+//! a replacement does not).
+//!
+//! It prints the training's wall time (`training took S s`); after a failure the run
+//! directory's `membership.csv` holds the recovery (`bench/learner-rank-failure` reads both).
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Instant;
+
+use burn::lr_scheduler::{LrScheduler, LrSchedulerRecord};
 
 use burn::data::dataloader::DataLoaderBuilder;
 use burn::data::dataloader::batcher::Batcher;
@@ -34,7 +43,7 @@ use burn_train::{
     TrainingStrategy,
 };
 use localsgd_learner::{
-    AlgorithmKind, AlgorithmSpec, ConsoleRenderer, LocalSgdStrategy, StrategyConfig,
+    AlgorithmKind, AlgorithmSpec, ConsoleRenderer, LocalSgdStrategy, OnRankFailure, StrategyConfig,
 };
 use localsgd_models::cnn::{Cnn, CnnConfig};
 use localsgd_pipeline::optim::FusedSgdConfig;
@@ -112,6 +121,38 @@ struct Args {
     items: Option<usize>,
     out: PathBuf,
     device: DeviceKind,
+    on_rank_failure: OnRankFailure,
+    /// The rank whose thread panics, and in which of its optimizer steps.
+    fail_at: Option<(usize, usize)>,
+}
+
+/// The learning rate 0.05; rank `fail_at.0`'s thread panics in its `fail_at.1`-th step (once:
+/// the clones of the learner share the counters, and a replacement runs on a thread of the
+/// same name).
+#[derive(Clone)]
+struct FailAt {
+    fail_at: Option<(usize, usize)>,
+    steps: Arc<AtomicUsize>,
+    fired: Arc<AtomicBool>,
+}
+
+impl LrScheduler for FailAt {
+    fn step(&mut self) -> f64 {
+        if let Some((rank, step)) = self.fail_at
+            && std::thread::current().name() == Some(format!("localsgd-rank-{rank}").as_str())
+            && self.steps.fetch_add(1, Ordering::SeqCst) + 1 == step
+            && !self.fired.swap(true, Ordering::SeqCst)
+        {
+            panic!("rank {rank} fails on purpose in its optimizer step {step} (--fail-at)");
+        }
+        0.05
+    }
+
+    fn to_record(&self) -> LrSchedulerRecord {
+        LrSchedulerRecord::new()
+    }
+
+    fn load_record(&mut self, _: LrSchedulerRecord) {}
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -125,6 +166,8 @@ fn parse_args() -> Result<Args, String> {
         items: None,
         out: PathBuf::from("runs/fashion-mnist-learner"),
         device: DeviceKind::Cpu,
+        on_rank_failure: OnRankFailure::Abort,
+        fail_at: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -142,6 +185,26 @@ fn parse_args() -> Result<Args, String> {
             "--items" => args.items = Some(number(&value)? as usize),
             "--out" => args.out = PathBuf::from(value),
             "--device" => args.device = DeviceKind::from_name(&value)?,
+            "--on-rank-failure" => {
+                args.on_rank_failure = match value.as_str() {
+                    "abort" => OnRankFailure::Abort,
+                    "continue" => OnRankFailure::Continue,
+                    "replace" => OnRankFailure::Replace,
+                    other => {
+                        return Err(format!(
+                            "--on-rank-failure {other:?}: expected abort, continue or replace"
+                        ));
+                    }
+                }
+            }
+            "--fail-at" => {
+                let parsed = value
+                    .split_once(':')
+                    .and_then(|(r, s)| Some((r.parse().ok()?, s.parse().ok()?)));
+                args.fail_at = Some(parsed.ok_or_else(|| {
+                    format!("--fail-at {value:?}: expected RANK:STEP, e.g. 1:20")
+                })?);
+            }
             "--algorithm" => {
                 args.algorithm = AlgorithmKind::from_name(&value).map_err(|e| e.to_string())?;
             }
@@ -200,7 +263,8 @@ fn run() -> Result<(), String> {
         args.period,
         args.workers,
     ))
-    .with_workers(args.workers);
+    .with_workers(args.workers)
+    .with_on_rank_failure(args.on_rank_failure);
     // Every rank on this one device (LibTorch's threads shared out among the ranks).
     let device = run::device_on_host(args.device, 0, args.workers).map_err(|e| e.to_string())?;
     let strategy = Arc::new(
@@ -224,6 +288,12 @@ fn run() -> Result<(), String> {
     }
     .init()
     .map_err(|e| e.to_string())?;
+    let lr = FailAt {
+        fail_at: args.fail_at,
+        steps: Arc::default(),
+        fired: Arc::default(),
+    };
+    let started = Instant::now();
     let result = SupervisedTraining::new(&args.out, train, valid)
         .metrics((AccuracyMetric::new(), LossMetric::new()))
         // Loss and accuracy as plain lines (burn-train's TUI is not built in this workspace).
@@ -233,10 +303,12 @@ fn run() -> Result<(), String> {
         .with_training_strategy(TrainingStrategy::Custom(strategy.clone()))
         .num_epochs(args.epochs)
         .summary()
-        .launch(Learner::new(model, optimizer, 0.05));
+        .launch(Learner::new(model, optimizer, lr));
+    let took = started.elapsed().as_secs_f64();
     if let Some(e) = &result.error {
         return Err(e.to_string());
     }
+    println!("training took {took:.3} s");
     let traffic = strategy.report().map(|r| r.traffic()).unwrap_or_default();
     println!(
         "trained {} epochs of {} on {} ranks ({} collectives, {} bytes sent, all ranks); \

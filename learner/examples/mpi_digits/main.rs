@@ -200,7 +200,9 @@ fn run(
     lr: KillAt,
 ) -> Result<(), String> {
     let dir = args.out.join(format!("rank-{rank}"));
+    let started = std::time::Instant::now();
     let result = digits::train_scheduled(&dir, strategy.clone(), args.epochs, lr)?;
+    let took = started.elapsed().as_secs_f64();
     if let Some(e) = result.error {
         return Err(format!("training failed: {e}"));
     }
@@ -231,7 +233,8 @@ fn run(
         .unwrap_or_default();
     println!(
         "rank {rank} of {size}: {} for {} epochs, {steps} optimizer steps, sent {} bytes in {} \
-         collectives; the world average classifies {:.2}% of the test digits",
+         collectives; the world average classifies {:.2}% of the test digits; training took \
+         {took:.3} s",
         args.algorithm,
         args.epochs,
         mine.bytes,
