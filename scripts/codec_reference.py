@@ -4,7 +4,9 @@
 An independent implementation, in numpy float32 arithmetic step by step, of the codec that
 `localsgd_comm::codec` implements: int8 and int4 quantization with one scale per chunk, top-k
 (with f32, int8 or int4 values), stochastic rounding from splitmix64, the mean of the ranks'
-messages, and error feedback. It was written from the semantics, not from the Rust code, and reads
+messages, and error feedback; and the quantized all-reduce (`quantized_mean`: each rank encodes
+its vector, each owner of a chunk-aligned shard averages every rank's shard of the messages and
+encodes the mean again with noise stream 2^32 + owner, under the top-level key "quantized_mean"). It was written from the semantics, not from the Rust code, and reads
 nothing the Rust code writes. It prints JSON; the tests (comm/tests/it/codec.rs) read the
 committed copy and compare every byte of every message and every bit of every float:
 
@@ -258,6 +260,164 @@ def single(x):
     return [[np.asarray(x, dtype=F32)]]
 
 
+# ---- the quantized all-reduce (reduce-scatter of messages, then all-gather of re-encoded shards)
+
+OWNER_STREAM = 1 << 32
+
+
+def message_len(spec, n):
+    """Bytes of a message of n elements, chunk by chunk (additive over whole chunks)."""
+    codec = parse_codec(spec["codec"])
+    total = 0
+    for _, length in chunks(n, spec["chunk"]):
+        if not codec["topk"]:
+            total += 4 + packed_len(length, codec["quant"])
+            continue
+        k = kept_count(codec["fraction"], length)
+        if codec["quant"] is None:
+            total += 6 * k
+        else:
+            total += 4 + 2 * k + packed_len(k, codec["quant"])
+    return total
+
+
+def shards(n, chunk, world):
+    """[start, end) of every owner's elements: the K = ceil(n / chunk) chunks dealt contiguously,
+    owner j taking chunks floor(j K / W) .. floor((j + 1) K / W)."""
+    k = -(-n // chunk)
+    return [(min(n, (j * k // world) * chunk), min(n, ((j + 1) * k // world) * chunk))
+            for j in range(world)]
+
+
+def encode_at(spec, x, offset, rnd, stream):
+    """encode() of x as if it stood at global element offset `offset` (chunk-aligned): the
+    stochastic noise of element i is drawn at global index offset + i, keyed by `stream`."""
+    assert offset % spec["chunk"] == 0
+    codec = parse_codec(spec["codec"])
+    rounding = spec["rounding"]
+    key = None if rounding == "nearest" else noise_key(rounding["stochastic"]["seed"], rnd, stream)
+    msg = bytearray()
+    for start, length in chunks(len(x), spec["chunk"]):
+        part = [x[start + j] for j in range(length)]
+        glob = offset + start
+        if not codec["topk"]:
+            scale, qs = quantize(part, [glob + j for j in range(length)], codec["quant"], key)
+            msg += f32_bytes(scale) + pack(qs, codec["quant"])
+            continue
+        k = kept_count(codec["fraction"], length)
+        by_size = sorted(range(length), key=lambda j: (-float(np.abs(part[j])), j))
+        kept = sorted(by_size[:k])
+        offsets = b"".join(struct.pack("<H", j) for j in kept)
+        if codec["quant"] is None:
+            msg += offsets + b"".join(f32_bytes(part[j]) for j in kept)
+        else:
+            scale, qs = quantize([part[j] for j in kept], [glob + j for j in kept], codec["quant"],
+                                 key)
+            msg += f32_bytes(scale) + offsets + pack(qs, codec["quant"])
+    return bytes(msg)
+
+
+def quantized_mean(spec, xs, rnd, sent=None, owned=None):
+    """One quantized mean over len(xs) ranks. sent/owned: per-rank residual lists (updated in
+    place) with error feedback, None without. Returns (first messages, owner messages, out)."""
+    world = len(xs)
+    n = len(xs[0])
+    bounds = shards(n, spec["chunk"], world)
+    # 1. Every rank quantizes its whole vector.
+    first = []
+    for r in range(world):
+        x = np.asarray(xs[r], dtype=F32)
+        y = x + sent[r] if sent is not None else x
+        m = encode(spec, y, rnd, r)
+        assert m == encode_at(spec, y, 0, rnd, r)
+        assert len(m) == message_len(spec, n)
+        if sent is not None:
+            sent[r] = y - decode(spec, m, n)
+        first.append(m)
+    # 2. Each owner averages its shard of every rank's message, then quantizes the mean again.
+    out = np.zeros(n, dtype=F32)
+    second = []
+    for j, (start, end) in enumerate(bounds):
+        length = end - start
+        lo, hi = message_len(spec, start), message_len(spec, end)
+        acc = np.zeros(length, dtype=F32)
+        for r in range(world):
+            acc = acc + decode(spec, first[r][lo:hi], length)
+        s = acc / F32(world)
+        z = s + owned[j][start:end] if owned is not None else s
+        g = encode_at(spec, z, start, rnd, OWNER_STREAM + j)
+        assert len(g) == message_len(spec, length)
+        d = decode(spec, g, length)
+        if owned is not None:
+            owned[j][start:end] = z - d
+        out[start:end] = d
+        second.append(g)
+    return first, second, out
+
+
+def quantized_mean_block(spec, n, world):
+    return max(message_len(spec, end - start) for start, end in shards(n, spec["chunk"], world))
+
+
+def run_quantized_mean_case(name, codec, chunk, inputs, rounds, seed=None, feedback=False):
+    """inputs[t][r]: rank r's vector in round t; rounds[t]: the round counter."""
+    spec = {"codec": codec, "chunk": chunk, "rounding": rounding_of(seed)}
+    world = len(inputs[0])
+    n = len(inputs[0][0])
+    sent = [np.zeros(n, dtype=F32) for _ in range(world)] if feedback else None
+    owned = [np.zeros(n, dtype=F32) for _ in range(world)] if feedback else None
+    block = quantized_mean_block(spec, n, world)
+    out_rounds = []
+    for t, rnd in enumerate(rounds):
+        first, second, out = quantized_mean(spec, inputs[t], rnd, sent, owned)
+        entry = {
+            "round": rnd,
+            "inputs": [bits(inputs[t][r]) for r in range(world)],
+            "messages": [m.hex() for m in first],
+            "owner_messages": [g.hex() for g in second],
+            "mean": bits(out),
+        }
+        if feedback:
+            entry["sent"] = [bits(e) for e in sent]
+            entry["owned"] = [bits(e) for e in owned]
+        out_rounds.append(entry)
+    return {"name": name, "spec": spec, "n": n, "world": world, "feedback": feedback,
+            "shards": [list(b) for b in shards(n, chunk, world)], "block": block,
+            "wire_bytes": 2 * (world - 1) * block, "rounds": out_rounds}
+
+
+def quantized_mean_cases():
+    cases = []
+    # W = 3, n = 37 = 4 * 8 + 5: K = 5 chunks dealt 1, 2, 2 (K not divisible by W); int4's tail
+    # chunk has an odd length.
+    inputs = [[normal(40 + r, 37, 2.0) for r in range(3)]]
+    for codec in ["int8", "int4"]:
+        cases.append(run_quantized_mean_case("qm_w3_" + codec, codec, 8, inputs, [0]))
+    # W = 4, K = 3 < W: owner 0 owns nothing.
+    inputs = [[normal(50 + r, 20) for r in range(4)]]
+    cases.append(run_quantized_mean_case("qm_w4_empty_shard_int8", "int8", 8, inputs, [4]))
+    # Stochastic rounding (a seed above 2^63), 2 rounds, K = 4 on W = 3.
+    seed = 0xDEADBEEFCAFEF00D
+    inputs = [[normal(60 + 3 * t + r, 50) for r in range(3)] for t in range(2)]
+    cases.append(run_quantized_mean_case("qm_stochastic_int4", "int4", 16, inputs, [0, 1],
+                                         seed=seed))
+    # Top-k with int8 values, K = 5 on W = 3.
+    inputs = [[normal(70 + r, 70, 0.1) for r in range(3)]]
+    cases.append(run_quantized_mean_case("qm_topk_0.25_int8", "topk:0.25+int8", 16, inputs, [2]))
+    # Error feedback over 3 rounds, W = 3, n = 100, K = 4.
+    inputs = [[normal(80 + 3 * t + r, 100) for r in range(3)] for t in range(3)]
+    cases.append(run_quantized_mean_case("qm_feedback_int4_stochastic", "int4", 32, inputs,
+                                         [1, 2, 3], seed=12345, feedback=True))
+    cases.append(run_quantized_mean_case("qm_feedback_topk_0.1_int8", "topk:0.1+int8", 32, inputs,
+                                         [1, 2, 3], feedback=True))
+    # One rank: both quantizations still happen.
+    cases.append(run_quantized_mean_case("qm_w1_int8", "int8", 8, [[normal(90, 21, 3.0)]], [0]))
+    inputs = [[normal(91 + t, 45)] for t in range(2)]
+    cases.append(run_quantized_mean_case("qm_w1_feedback_topk_0.25_int4", "topk:0.25+int4", 16,
+                                         inputs, [5, 6], seed=7, feedback=True))
+    return cases
+
+
 def main():
     cases = []
     # Plain round trips with a tail chunk (21 = 2 * 8 + 5; 19 = 2 * 8 + 3, odd: int4 padding).
@@ -302,7 +462,8 @@ def main():
                           feedback=True, resume_after=2))
     cases.append(run_case("feedback_int4_stochastic", "int4", 32, inputs, [1, 2, 3], seed=12345,
                           feedback=True, resume_after=2))
-    json.dump({"generator": "scripts/codec_reference.py", "cases": cases}, sys.stdout, indent=1)
+    json.dump({"generator": "scripts/codec_reference.py", "cases": cases,
+               "quantized_mean": quantized_mean_cases()}, sys.stdout, indent=1)
     sys.stdout.write("\n")
 
 

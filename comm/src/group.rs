@@ -56,6 +56,33 @@ pub trait ProcessGroup: Send + Sync + Debug {
     ///   timeout is an error, as for every collective.
     fn all_gather_bytes(&self, local: &[u8], out: &mut [u8]) -> Result<(), CommError>;
 
+    /// Exchange equal blocks with every rank: `send` and `recv` are `size()` blocks of the same
+    /// length (every rank passes the same lengths); block `j` of `send` goes to rank `j`, and
+    /// block `r` of `recv` is rank `r`'s block for this rank (its own block is copied). The
+    /// quantized all-reduce's first half: each rank sends every owner its shard.
+    ///
+    /// - Traffic: one collective of one block's bytes, counted as data (its wire bytes,
+    ///   `(size() - 1)` blocks, [`CallSignature::wire_bytes`]).
+    /// - Errors: buffers whose lengths differ or are not a multiple of `size()` are
+    ///   [`CommError::OutputLength`], before any communication; otherwise as for every
+    ///   collective.
+    ///
+    /// The thread and MPI backends exchange the blocks (`MPI_Alltoall`). This default, which
+    /// NCCL uses, gathers every rank's whole `send` (an [`all_gather_bytes`](Self::all_gather_bytes)
+    /// of `size()` blocks, charged as such: `size()` times the bytes) and keeps its blocks.
+    fn all_to_all_bytes(&self, send: &[u8], recv: &mut [u8]) -> Result<(), CommError> {
+        let size = self.size();
+        let block = validate_all_to_all(size, send.len(), recv.len())?;
+        let mut all = vec![0u8; size * send.len()];
+        self.all_gather_bytes(send, &mut all)?;
+        let me = self.rank();
+        for (r, dst) in recv.chunks_exact_mut(block.max(1)).enumerate().take(size) {
+            let at = r * send.len() + me * block;
+            dst.copy_from_slice(&all[at..at + block]);
+        }
+        Ok(())
+    }
+
     /// Collectively split this group: ranks passing the same `color` form one new group, ordered
     /// by their rank in this group. Returns this rank's new group.
     fn split(&self, color: u64) -> Result<Group, CommError>;
@@ -271,6 +298,34 @@ pub fn validate_gather_output(
         expected,
         actual: out_len,
     })
+}
+
+/// Check the buffers of an [`all_to_all_bytes`](ProcessGroup::all_to_all_bytes) on a group of
+/// `group_size` ranks: both of one length, a multiple of `group_size`
+/// ([`CommError::OutputLength`] otherwise). Returns the block length. For backends, before any
+/// communication.
+pub fn validate_all_to_all(
+    group_size: usize,
+    send_len: usize,
+    recv_len: usize,
+) -> Result<usize, CommError> {
+    let block = send_len / group_size.max(1);
+    let call = CallSignature::all_to_all_bytes(block);
+    if !send_len.is_multiple_of(group_size.max(1)) {
+        return Err(CommError::OutputLength {
+            call: format!("{call} on {group_size} ranks: the send buffer"),
+            expected: (block + 1) * group_size,
+            actual: send_len,
+        });
+    }
+    if recv_len != send_len {
+        return Err(CommError::OutputLength {
+            call: format!("{call} on {group_size} ranks"),
+            expected: send_len,
+            actual: recv_len,
+        });
+    }
+    Ok(block)
 }
 
 /// Typed conveniences over [`ProcessGroup`] for `&mut [f32]`, `&mut [f64]`, ...

@@ -54,7 +54,10 @@ pub use self::nccl::{NcclConfig, NcclGroup, NcclWorld};
 pub use buffer::{BufferMut, Element, ElementType};
 pub use codec::{Codec, CodecError, CodecSpec, ErrorFeedback};
 pub use error::CommError;
-pub use group::{Group, GroupExt, ProcessGroup, validate_gather_output, validate_subgroup_size};
+pub use group::{
+    Group, GroupExt, ProcessGroup, validate_all_to_all, validate_gather_output,
+    validate_subgroup_size,
+};
 pub use nonblocking::{AsyncGroup, Pending};
 pub use precision::{Precision, average_compressed, round_to};
 pub use signature::{CallSignature, CollectiveKind, ReduceOp};

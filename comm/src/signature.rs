@@ -44,6 +44,10 @@ pub enum CollectiveKind {
     /// All-gather of equal-length byte messages (bulk data,
     /// [`ProcessGroup::all_gather_bytes`](crate::ProcessGroup::all_gather_bytes)).
     AllGatherBytes,
+    /// All-to-all of equal-length byte blocks: block `j` of every rank's buffer goes to rank
+    /// `j` ([`ProcessGroup::all_to_all_bytes`](crate::ProcessGroup::all_to_all_bytes)); `len`
+    /// is one block.
+    AllToAllBytes,
     /// Collective creation of subgroups.
     Split,
 }
@@ -100,6 +104,14 @@ impl CallSignature {
             len,
         }
     }
+    /// Signature of an all-to-all of `block` bytes to each rank.
+    pub fn all_to_all_bytes(block: usize) -> Self {
+        Self {
+            kind: CollectiveKind::AllToAllBytes,
+            element: Some(ElementType::U8),
+            len: block,
+        }
+    }
     /// Signature of a subgroup split.
     pub fn split() -> Self {
         Self {
@@ -112,7 +124,7 @@ impl CallSignature {
     /// Bytes of payload this rank contributes: its buffer's length times the element size. For
     /// an all-reduce or a broadcast that is the buffer, for an all-gather this rank's own part
     /// (`len` bytes of an [`all_gather_bytes`](Self::all_gather_bytes), not the `size * len`
-    /// it receives) — what the traffic counters add up.
+    /// it receives), for an all-to-all one block — what the traffic counters add up.
     pub fn payload_bytes(&self) -> u64 {
         (self.len * self.element.map_or(0, ElementType::size_bytes)) as u64
     }
@@ -124,6 +136,7 @@ impl CallSignature {
     /// |---|---|---|
     /// | all-reduce of `n` bytes | `2 (size − 1) n / size` | ring: reduce-scatter, then all-gather |
     /// | all-gather of `len` bytes per rank (also `u64` all-gathers, a split) | `(size − 1) len` | ring |
+    /// | all-to-all of `len`-byte blocks | `(size − 1) len` | each block straight to its rank |
     /// | broadcast of `n` bytes | `(size − 1) n / size` | pipelined chain: every rank but the root receives the buffer once and all but the last pass it on; each rank is charged the group's mean |
     /// | barrier | 0 | |
     ///
@@ -145,9 +158,10 @@ impl CallSignature {
         let (n, w) = (self.payload_bytes(), size.max(1) as u64);
         match self.kind {
             CollectiveKind::AllReduce(_) => 2 * (w - 1) * n / w,
-            CollectiveKind::AllGather | CollectiveKind::AllGatherBytes | CollectiveKind::Split => {
-                (w - 1) * n
-            }
+            CollectiveKind::AllGather
+            | CollectiveKind::AllGatherBytes
+            | CollectiveKind::AllToAllBytes
+            | CollectiveKind::Split => (w - 1) * n,
             CollectiveKind::Broadcast { .. } => (w - 1) * n / w,
             CollectiveKind::Barrier => 0,
         }
@@ -170,6 +184,7 @@ impl CallSignature {
             CollectiveKind::AllGather => (4, 0),
             CollectiveKind::Split => (5, 0),
             CollectiveKind::AllGatherBytes => (6, 0),
+            CollectiveKind::AllToAllBytes => (7, 0),
         };
         let element = match self.element {
             None => 0,
@@ -199,6 +214,7 @@ impl CallSignature {
             4 => CollectiveKind::AllGather,
             5 => CollectiveKind::Split,
             6 => CollectiveKind::AllGatherBytes,
+            7 => CollectiveKind::AllToAllBytes,
             _ => return None,
         };
         let element = match words[1] {
@@ -232,6 +248,7 @@ impl fmt::Display for CallSignature {
             CollectiveKind::Barrier => f.write_str("barrier()"),
             CollectiveKind::AllGather => write!(f, "all_gather(u64 x {})", self.len),
             CollectiveKind::AllGatherBytes => write!(f, "all_gather_bytes(u8 x {})", self.len),
+            CollectiveKind::AllToAllBytes => write!(f, "all_to_all_bytes(u8 x {})", self.len),
             CollectiveKind::Split => f.write_str("new_subgroups/split()"),
         }
     }

@@ -28,9 +28,11 @@ pub struct Traffic {
     /// for an all-gather, this rank's own part: see [`CallSignature::payload_bytes`]).
     pub bytes: u64,
     /// The part of `bytes` that is bulk data: all-reduces and broadcasts of `f32`, `f64`, `f16`,
-    /// `bf16` buffers (gradients, parameters, losses) and byte all-gathers
+    /// `bf16` buffers (gradients, parameters, losses), byte all-gathers
     /// ([`all_gather_bytes`](crate::ProcessGroup::all_gather_bytes): compressed
-    /// pseudo-gradients). The rest is control traffic: `u64` all-gathers (has-data flags,
+    /// pseudo-gradients) and byte all-to-alls
+    /// ([`all_to_all_bytes`](crate::ProcessGroup::all_to_all_bytes): the quantized
+    /// all-reduce's shards). The rest is control traffic: `u64` all-gathers (has-data flags,
     /// parameter-set fingerprints, subgroup creation).
     pub data_bytes: u64,
     /// Bytes this rank sends under each collective's bandwidth-optimal algorithm (it receives

@@ -30,6 +30,11 @@ impl ErrorFeedback {
         &self.residual
     }
 
+    /// The residual, to update in place (the quantized all-reduce's owner's residual).
+    pub(crate) fn residual_mut(&mut self) -> &mut [f32] {
+        &mut self.residual
+    }
+
     /// The residual, taken out.
     pub fn into_residual(self) -> Vec<f32> {
         self.residual

@@ -21,6 +21,21 @@ pub fn encode(
     rank: usize,
     out: &mut Vec<u8>,
 ) -> Result<(), CodecError> {
+    encode_from(spec, x, 0, round, rank as u64, out)
+}
+
+/// [`encode`] of a part of a longer vector that starts at element `first` (a multiple of the
+/// chunk, so the part's chunks are the vector's): stochastic rounding draws the noise of each
+/// element's index in the whole vector, under the noise key of `rank` (a 64-bit stream id; the
+/// quantized all-reduce's owners use `2^32 + rank` for their second quantization).
+pub(crate) fn encode_from(
+    spec: &CodecSpec,
+    x: &[f32],
+    first: u64,
+    round: u64,
+    rank: u64,
+    out: &mut Vec<u8>,
+) -> Result<(), CodecError> {
     spec.validate()?;
     if let Some(index) = x.iter().position(|v| !v.is_finite()) {
         return Err(CodecError::NonFinite {
@@ -30,14 +45,14 @@ pub fn encode(
     }
     let key: NoiseKey = match spec.rounding {
         Rounding::Nearest => None,
-        Rounding::Stochastic { seed } => Some(noise_key(seed, round, rank as u64)),
+        Rounding::Stochastic { seed } => Some(noise_key(seed, round, rank)),
     };
     out.clear();
     out.reserve(message_len(spec, x.len()));
     let mut qs: Vec<i8> = Vec::new();
     let mut picked: Vec<u16> = Vec::new();
     for (c, chunk) in x.chunks(spec.chunk).enumerate() {
-        let base = (c * spec.chunk) as u64;
+        let base = first + (c * spec.chunk) as u64;
         match spec.codec {
             Codec::Int8 | Codec::Int4 => {
                 let q = if spec.codec == Codec::Int8 {

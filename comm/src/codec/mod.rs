@@ -51,6 +51,7 @@
 //! # Ok::<(), localsgd_comm::codec::CodecError>(())
 //! ```
 
+mod allreduce;
 mod error;
 mod feedback;
 mod message;
@@ -59,6 +60,10 @@ pub mod rng;
 mod spec;
 mod topk;
 
+pub use allreduce::{
+    OWNER_STREAM, QuantizedFeedback, QuantizedMeanError, quantized_mean, quantized_mean_block,
+    quantized_mean_wire_bytes, shards,
+};
 pub use error::CodecError;
 pub use feedback::{ErrorFeedback, encode_with_feedback};
 pub use message::{decode, encode, mean_of_messages};

@@ -144,8 +144,9 @@ pub(crate) fn all_gather_u64(
 
 /// A committed datatype of `count` bytes whose extent is `stride` bytes: as an all-gather's
 /// receive type (count 1), it puts rank r's piece at `r * stride` from the receive address, so
-/// that piece k of every rank's message lands in its place in the gathered buffer. Freed when
-/// dropped.
+/// that piece k of every rank's message lands in its place in the gathered buffer. As an
+/// all-to-all's send and receive type (count 1), it takes piece k of every block of the send
+/// buffer and puts each rank's in its block of the receive buffer. Freed when dropped.
 pub(crate) struct StridedBytes(pub ffi::MPI_Datatype);
 
 impl StridedBytes {

@@ -6,7 +6,7 @@ use super::ulfm;
 use super::{MpiConfig, Runtime};
 use crate::buffer::{BufferMut, with_typed_slice};
 use crate::error::CommError;
-use crate::group::{Group, ProcessGroup, validate_gather_output};
+use crate::group::{Group, ProcessGroup, validate_all_to_all, validate_gather_output};
 use crate::signature::{CallSignature, ReduceOp};
 use crate::traffic::{Traffic, TrafficChain};
 use crate::watchdog::What;
@@ -282,7 +282,7 @@ impl MpiGroup {
     ) -> Result<(), CommError> {
         loop {
             let mut done: c_int = 0;
-            // SAFETY: `request` is an active request from MPI_Iallreduce; status ignored.
+            // SAFETY: `request` is an active non-blocking collective request; status ignored.
             let rc = unsafe { ffi::MPI_Test(request, &mut done, ffi::RSMPI_STATUS_IGNORE) };
             self.check(rc, sig, "MPI_Test")?;
             if done != 0 {
@@ -506,11 +506,83 @@ impl MpiGroup {
             self.check(rc, sig, "MPI_Allgather")
         }
     }
+
+    /// One piece of an all-to-all of `block`-byte blocks: bytes `offset..offset + count` of
+    /// every block, block `j` of `send` to rank `j` and rank `r`'s into block `r` of `recv`.
+    /// Whole blocks travel as plain bytes; parts of them, through a [`StridedBytes`] type (of
+    /// extent `block`) on both sides. On a dedicated communicator, `MPI_Ialltoall` polled like
+    /// its all-reduce pieces.
+    fn exchange_piece(
+        &self,
+        send: &[u8],
+        recv: &mut [u8],
+        offset: usize,
+        count: usize,
+        block: usize,
+        sig: &CallSignature,
+    ) -> Result<(), CommError> {
+        // At most MAX_COUNT bytes per piece (the caller cuts them so).
+        let strided = if count == block {
+            None
+        } else {
+            Some(StridedBytes::new(count as c_int, block)?)
+        };
+        let (n, datatype) = match &strided {
+            Some(t) => (1, t.0),
+            // SAFETY: reading an rsmpi-exported constant.
+            None => (count as c_int, unsafe { ffi::RSMPI_UINT8_T }),
+        };
+        // An empty slice's address is dangling: for bytes it is 1, Open MPI's MPI_IN_PLACE. Empty
+        // blocks still take part (every rank synchronises), from real addresses.
+        let no_send = 0u8;
+        let mut no_recv = 0u8;
+        let (sendbuf, recvbuf) = if block == 0 {
+            (
+                &no_send as *const u8 as *const c_void,
+                &mut no_recv as *mut u8 as *mut c_void,
+            )
+        } else {
+            // In bounds: block j's piece ends at j * block + offset + count <= size * block.
+            (
+                send[offset..].as_ptr() as *const c_void,
+                recv[offset..].as_mut_ptr() as *mut c_void,
+            )
+        };
+        // SAFETY (both calls): `send` and `recv` hold `size * block` bytes each (validated), and
+        // the datatype places each rank's `count` bytes inside them (see above); the buffers do
+        // not overlap (`&` and `&mut`).
+        if let Some(interval) = self.poll {
+            // SAFETY: see above; the request is completed by `wait_polling` before the
+            // buffers are released.
+            let mut request: ffi::MPI_Request = unsafe { std::mem::zeroed() };
+            let rc = unsafe {
+                ffi::MPI_Ialltoall(
+                    sendbuf,
+                    n,
+                    datatype,
+                    recvbuf,
+                    n,
+                    datatype,
+                    self.comm.0,
+                    &mut request,
+                )
+            };
+            self.check(rc, sig, "MPI_Ialltoall")?;
+            self.wait_polling(&mut request, interval, sig)
+        } else {
+            // SAFETY: see above.
+            let rc = unsafe {
+                ffi::MPI_Alltoall(sendbuf, n, datatype, recvbuf, n, datatype, self.comm.0)
+            };
+            self.check(rc, sig, "MPI_Alltoall")
+        }
+    }
 }
 
-/// Bytes per rank in one all-gather piece: on a dedicated communicator, [`PIECE_BYTES`] gathered
-/// in all (split among the ranks, at least 1 each), as its all-reduce pieces; otherwise as much as
-/// one call takes ([`MAX_COUNT`]: MPI counts are `int`s).
+/// Bytes per rank in one all-gather piece (per block in one all-to-all piece): on a dedicated
+/// communicator, [`PIECE_BYTES`] gathered (exchanged) in all (split among the ranks, at least 1
+/// each), as its all-reduce pieces; otherwise as much as one call takes ([`MAX_COUNT`]: MPI
+/// counts are `int`s).
 fn gather_piece_len(dedicated: bool, size: usize) -> usize {
     if dedicated {
         (PIECE_BYTES / size.max(1)).clamp(1, MAX_COUNT)
@@ -615,6 +687,29 @@ impl ProcessGroup for MpiGroup {
                 self.gather_piece(&local[offset..end], out, offset, len, &sig)?;
                 offset = end;
                 if offset >= len {
+                    return Ok(());
+                }
+            }
+        })
+    }
+
+    /// `MPI_Alltoall` of the blocks (`MPI_UINT8_T`) straight from `send` into `recv`, in one
+    /// call up to `i32::MAX` bytes per block and in pieces beyond; on a
+    /// [dedicated](ProcessGroup::dedicated) communicator, `MPI_Ialltoall` pieces polled like its
+    /// all-reduce's.
+    fn all_to_all_bytes(&self, send: &[u8], recv: &mut [u8]) -> Result<(), CommError> {
+        let size = self.size();
+        let block = validate_all_to_all(size, send.len(), recv.len())?;
+        let sig = CallSignature::all_to_all_bytes(block);
+        let piece = gather_piece_len(self.poll.is_some(), size);
+        self.collective(sig, || {
+            // At least one call, for empty blocks too: every rank takes part.
+            let mut offset = 0;
+            loop {
+                let end = block.min(offset + piece);
+                self.exchange_piece(send, recv, offset, end - offset, block, &sig)?;
+                offset = end;
+                if offset >= block {
                     return Ok(());
                 }
             }

@@ -11,6 +11,10 @@
 //!   straight into the caller's buffer: one call up to `i32::MAX` bytes per rank, pieces (a
 //!   strided receive datatype) beyond, and on a dedicated communicator polled
 //!   `MPI_Iallgather` pieces like its all-reduce's.
+//! - [`all_to_all_bytes`](ProcessGroup::all_to_all_bytes) is `MPI_Alltoall` of `MPI_UINT8_T`
+//!   (one block per rank) straight between the caller's buffers, cut the same way: one call up
+//!   to `i32::MAX` bytes per block, pieces (strided send and receive datatypes) beyond, polled
+//!   `MPI_Ialltoall` pieces on a dedicated communicator.
 //! - Subgroups: [`split`](ProcessGroup::split) is `MPI_Comm_split`, blocks
 //!   ([`new_subgroups`](ProcessGroup::new_subgroups)) are a split by `rank / size`, and
 //!   [`intra_node`](ProcessGroup::intra_node) is `MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)`;

@@ -323,6 +323,26 @@ impl ProcessGroup for ThreadGroup {
         })
     }
 
+    fn all_to_all_bytes(&self, send: &[u8], recv: &mut [u8]) -> Result<(), CommError> {
+        let size = self.shared.size;
+        let block = crate::group::validate_all_to_all(size, send.len(), recv.len())?;
+        let sig = CallSignature::all_to_all_bytes(block);
+        let me = self.rank;
+        self.collective(sig, send.as_ptr() as usize, |addrs| {
+            if block == 0 {
+                return;
+            }
+            for (&a, dst) in addrs.iter().zip(recv.chunks_exact_mut(block)) {
+                // SAFETY: each peer's `send` has `size * block` bytes (signatures agree) and is
+                // only read until the exit barrier; this rank reads its own block of each, and
+                // `dst` is part of its own `recv`, which no peer sees.
+                dst.copy_from_slice(unsafe {
+                    std::slice::from_raw_parts((a + me * block) as *const u8, block)
+                });
+            }
+        })
+    }
+
     fn split(&self, color: u64) -> Result<Group, CommError> {
         self.split_into(color, self.traffic.child())
     }

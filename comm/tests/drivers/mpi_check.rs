@@ -3,12 +3,18 @@
 //!
 //! Modes (first argument):
 //! - `check [--no-signature-check] [--no-preconnect] [--no-async] [--expect-hosts N]
-//!   [--expect-tcp-links N]`: every collective (the byte all-gather too), subgroups (blocks,
-//!   colors, intra-node), traffic counters, the TCP links asked of Open MPI (default 2),
+//!   [--expect-tcp-links N]`: every collective (the byte all-gather and all-to-all too),
+//!   subgroups (blocks, colors, intra-node), traffic counters, the TCP links asked of Open MPI
+//!   (default 2),
 //!   (unless `--no-async`) non-blocking collectives on a dedicated communicator while the world
 //!   runs blocking ones, (with signature checks, the default) mismatch detection, and (with
 //!   start-up's connection set-up, the default) that no TCP connection opened after start-up. Prints `PASS ...` lines, `FAIL ...` lines for failures, and finally `ALL PASS`
 //!   (rank 0) or exits with code 1.
+//! - `all-to-all [--no-signature-check]`: the byte all-to-all alone (also part of `check`):
+//!   every received block for several block lengths (empty, one, odd, 1 MiB) on the world, a
+//!   subgroup and a dedicated communicator (polled, strided pieces), the traffic it charges,
+//!   wrong buffer lengths refused, and (with signature checks) differing blocks reported as a
+//!   mismatch.
 //! - `kill-rank R`: rank R kills itself with SIGKILL after one all-reduce; the others keep
 //!   all-reducing (the job must end, non-zero).
 //! - `hang-rank R --timeout SECS`: rank R never joins the next all-reduce (it sleeps); the
@@ -46,6 +52,7 @@ fn main() -> ExitCode {
             value("--expect-hosts"),
             value("--expect-tcp-links").unwrap_or(u64::from(DEFAULT_TCP_LINKS)),
         ),
+        "all-to-all" => all_to_all_only(!flag("--no-signature-check")),
         "kill-rank" => kill_rank(args.get(1).and_then(|v| v.parse().ok()).unwrap_or(1)),
         "hang-rank" => hang_rank(
             args.get(1).and_then(|v| v.parse().ok()).unwrap_or(1),
@@ -53,7 +60,7 @@ fn main() -> ExitCode {
         ),
         "abort-rank" => abort_rank(args.get(1).and_then(|v| v.parse().ok()).unwrap_or(1)),
         other => Err(format!(
-            "unknown mode {other:?}; valid: check, kill-rank, hang-rank, abort-rank"
+            "unknown mode {other:?}; valid: check, all-to-all, kill-rank, hang-rank, abort-rank"
         )),
     };
     match result {
@@ -431,6 +438,7 @@ fn collectives(c: &mut Checker, g: &Group) {
         c.check("all_gather_u64", all == want, || format!("{all:?}"));
     }
     gather_bytes(c, g);
+    all_to_all(c, g);
     let t = g.all_true(true);
     let f = g.all_true(rank != size - 1);
     c.check("all_true", t == Ok(true) && f == Ok(false), || {
@@ -473,6 +481,138 @@ fn gather_bytes(c: &mut Checker, g: &Group) {
         matches!(r, Err(CommError::OutputLength { expected, actual: 3, .. }) if expected == 2 * size),
         || format!("{r:?}"),
     );
+}
+
+/// Byte `i` of the block rank `from` sends rank `to` in the all-to-all checks (distinct per
+/// sender and per receiver).
+fn exchange_byte(from: usize, to: usize, i: usize) -> u8 {
+    (from * 89 + to * 53 + i * 31 + i / 256) as u8
+}
+
+/// One `all_to_all_bytes` of `block`-byte blocks on `g`, named `name`: every block this rank
+/// receives, and what it charges `g`'s counters (one collective of one block's bytes, all
+/// data, `(size - 1) * block` on the wire).
+fn exchange(c: &mut Checker, g: &Group, name: &str, block: usize) {
+    let (rank, size) = (g.rank(), g.size());
+    let send: Vec<u8> = (0..size)
+        .flat_map(|to| (0..block).map(move |i| exchange_byte(rank, to, i)))
+        .collect();
+    let mut recv = vec![0xAAu8; size * block];
+    let before = g.traffic();
+    let r = g.all_to_all_bytes(&send, &mut recv);
+    let charged = g.traffic() - before;
+    if c.ok(name, r).is_none() {
+        return;
+    }
+    let want: Vec<u8> = (0..size)
+        .flat_map(|from| (0..block).map(move |i| exchange_byte(from, rank, i)))
+        .collect();
+    let bad = recv.iter().zip(&want).position(|(a, b)| a != b);
+    c.check(name, bad.is_none() && recv.len() == want.len(), || {
+        format!(
+            "first wrong byte at {bad:?} (in the block from rank {:?}) of {}",
+            bad.map(|b| b / block.max(1)),
+            recv.len()
+        )
+    });
+    let b = block as u64;
+    c.check(
+        &format!("{name} charged"),
+        (
+            charged.collectives,
+            charged.bytes,
+            charged.data_bytes,
+            charged.wire_bytes,
+        ) == (1, b, b, (size as u64 - 1) * b),
+        || format!("{charged:?}"),
+    );
+}
+
+/// `all_to_all_bytes`: several block lengths (empty, one, odd, 1 MiB) on the world, one on a
+/// subgroup (odd and even ranks); wrong buffer lengths refused before communicating.
+fn all_to_all(c: &mut Checker, g: &Group) {
+    let (rank, size) = (g.rank(), g.size());
+    for block in [0, 1, 1000, 1 << 20] {
+        exchange(c, g, &format!("all_to_all_bytes {block}"), block);
+    }
+    if let Some(sub) = c.ok("all_to_all_bytes subgroup", g.split((rank % 2) as u64)) {
+        let before = g.traffic();
+        exchange(c, &sub, "all_to_all_bytes on a subgroup", 777);
+        let parent = g.traffic() - before;
+        c.check(
+            "all_to_all_bytes on a subgroup charged to the parent",
+            (parent.collectives, parent.wire_bytes) == (1, (sub.size() as u64 - 1) * 777),
+            || format!("{parent:?}"),
+        );
+    }
+    if size > 1 {
+        let mut recv = vec![0u8; 2 * size + 1];
+        let r = g.all_to_all_bytes(&vec![1u8; 2 * size + 1], &mut recv);
+        c.check(
+            "all_to_all_bytes uneven blocks refused",
+            matches!(r, Err(CommError::OutputLength { actual, .. }) if actual == 2 * size + 1),
+            || format!("{r:?}"),
+        );
+    }
+    let mut recv = vec![0u8; 3 * size];
+    let r = g.all_to_all_bytes(&vec![1u8; 2 * size], &mut recv);
+    c.check(
+        "all_to_all_bytes wrong receive length refused",
+        matches!(r, Err(CommError::OutputLength { expected, actual, .. })
+            if expected == 2 * size && actual == 3 * size),
+        || format!("{r:?}"),
+    );
+}
+
+/// `all_to_all_bytes` on a dedicated communicator (`MPI_Ialltoall` polled, in pieces of at most
+/// 256 KiB exchanged: an odd block of 100003 bytes takes several strided pieces from 3 ranks
+/// on), empty blocks too. Its counters are its own.
+fn all_to_all_dedicated(c: &mut Checker, g: &Group) {
+    if let Some(d) = c.ok("all_to_all_bytes dedicated", g.dedicated()) {
+        exchange(c, &d, "all_to_all_bytes dedicated 100003", 100_003);
+        exchange(c, &d, "all_to_all_bytes dedicated 0", 0);
+    }
+}
+
+/// With signature checks: rank 0 exchanges 7-byte blocks, the others 6 — a mismatch on every
+/// rank, not a truncation; the group works afterwards.
+fn all_to_all_mismatch(c: &mut Checker, g: &Group) {
+    let (rank, size) = (g.rank(), g.size());
+    if size < 2 {
+        return;
+    }
+    let block = if rank == 0 { 7 } else { 6 };
+    let mut recv = vec![0u8; block * size];
+    let r = g.all_to_all_bytes(&vec![1u8; block * size], &mut recv);
+    let ok = matches!(&r, Err(CommError::Mismatch { calls, .. })
+        if calls[0].1 == "all_to_all_bytes(u8 x 7)"
+            && calls[size - 1].1 == "all_to_all_bytes(u8 x 6)");
+    c.check("mismatch: all_to_all_bytes blocks", ok, || format!("{r:?}"));
+    exchange(c, g, "all_to_all_bytes after a mismatch", 5);
+}
+
+/// The `all-to-all` mode: [`all_to_all`], [`all_to_all_dedicated`] and (with signature checks)
+/// [`all_to_all_mismatch`], then every rank's agreement that all passed.
+fn all_to_all_only(signature_check: bool) -> Result<(), String> {
+    let config = MpiConfig::default()
+        .with_timeout(Duration::from_secs(60))
+        .with_signature_check(signature_check);
+    let (_world, g) = init(config)?;
+    let (rank, size) = (g.rank(), g.size());
+    let mut c = Checker::new(rank);
+    all_to_all(&mut c, &g);
+    all_to_all_dedicated(&mut c, &g);
+    if signature_check {
+        all_to_all_mismatch(&mut c, &g);
+    }
+    if c.ok("final agreement", g.all_true(c.failures == 0)) == Some(true) {
+        if rank == 0 {
+            println!("ALL PASS all-to-all ({size} ranks, signature check {signature_check})");
+        }
+        Ok(())
+    } else {
+        Err(format!("rank {rank}: {} check(s) failed", c.failures))
+    }
 }
 
 fn subgroups(c: &mut Checker, g: &Group, expect_hosts: Option<u64>) {
@@ -666,6 +806,7 @@ fn nonblocking(c: &mut Checker, g: &Group, signature_check: bool) {
     }
     let closed = side.close();
     c.check("async close", closed.is_ok(), || format!("{closed:?}"));
+    all_to_all_dedicated(c, g);
 }
 
 fn mismatches(c: &mut Checker, g: &Group) {
@@ -704,6 +845,8 @@ fn mismatches(c: &mut Checker, g: &Group) {
     c.check("mismatch: all_gather_bytes lengths", ok, || {
         format!("{r:?}")
     });
+
+    all_to_all_mismatch(c, g);
 
     // The last rank calls a barrier while the others broadcast.
     let r = if rank == size - 1 {

@@ -5,14 +5,44 @@
 //! messages from a peer are errors, never panics.
 
 use localsgd_comm::codec::{
-    Codec, CodecError, CodecSpec, ErrorFeedback, Quantizer, Rounding, decode, encode,
-    encode_with_feedback, mean_of_messages, message_len, wire_bytes,
+    Codec, CodecError, CodecSpec, ErrorFeedback, QuantizedFeedback, Quantizer, Rounding, decode,
+    encode, encode_with_feedback, mean_of_messages, message_len, quantized_mean,
+    quantized_mean_block, quantized_mean_wire_bytes, shards, wire_bytes,
 };
+use localsgd_comm::{ThreadWorld, Traffic};
 use proptest::prelude::*;
 
 #[derive(serde::Deserialize)]
 struct Vectors {
     cases: Vec<Case>,
+    quantized_mean: Vec<QuantizedMeanCase>,
+}
+
+/// A case of the quantized all-reduce: `world` ranks, their inputs per round, every rank's first
+/// message, every owner's second message, the mean every rank gets, and (with feedback) each
+/// rank's residuals after the round.
+#[derive(serde::Deserialize)]
+struct QuantizedMeanCase {
+    name: String,
+    spec: CodecSpec,
+    n: usize,
+    world: usize,
+    feedback: bool,
+    shards: Vec<[usize; 2]>,
+    block: usize,
+    wire_bytes: u64,
+    rounds: Vec<QuantizedMeanRound>,
+}
+
+#[derive(serde::Deserialize)]
+struct QuantizedMeanRound {
+    round: u64,
+    inputs: Vec<Vec<u32>>,
+    messages: Vec<String>,
+    owner_messages: Vec<String>,
+    mean: Vec<u32>,
+    sent: Option<Vec<Vec<u32>>>,
+    owned: Option<Vec<Vec<u32>>>,
 }
 
 #[derive(serde::Deserialize)]
@@ -171,6 +201,159 @@ fn codec_resume_from_saved_residual_continues_the_run() {
         resumed += 1;
     }
     assert!(resumed >= 3);
+}
+
+/// What one rank saw in one round of a quantized mean: its output, its two residuals, and the
+/// traffic of the call.
+struct QuantizedMeanSeen {
+    mean: Vec<u32>,
+    sent: Vec<u32>,
+    owned: Vec<u32>,
+    traffic: Traffic,
+}
+
+/// Run every round of `case` on a thread world of `case.world` ranks, each keeping its residuals
+/// across rounds; per rank, per round, what it saw.
+fn run_quantized_mean(case: &QuantizedMeanCase) -> Vec<Vec<QuantizedMeanSeen>> {
+    ThreadWorld::new(case.world)
+        .unwrap()
+        .run(|group| {
+            let rank = group.rank();
+            let (mut sent, mut owned) = (ErrorFeedback::new(case.n), ErrorFeedback::new(case.n));
+            let mut seen = Vec::new();
+            for want in &case.rounds {
+                let x = floats(&want.inputs[rank]);
+                let mut out = vec![f32::NAN; case.n];
+                let feedback = case.feedback.then_some(QuantizedFeedback {
+                    sent: &mut sent,
+                    owned: &mut owned,
+                });
+                let before = group.traffic();
+                quantized_mean(&*group, &case.spec, &x, feedback, want.round, &mut out)
+                    .unwrap_or_else(|e| panic!("case {} rank {rank}: {e}", case.name));
+                let traffic = group.traffic() - before;
+                seen.push(QuantizedMeanSeen {
+                    mean: bits(&out),
+                    sent: bits(sent.residual()),
+                    owned: bits(owned.residual()),
+                    traffic,
+                });
+            }
+            seen
+        })
+        .unwrap()
+}
+
+#[test]
+fn codec_quantized_mean_vectors_cover_every_feature() {
+    let cases = vectors().quantized_mean;
+    let has = |f: &dyn Fn(&QuantizedMeanCase) -> bool| cases.iter().any(f);
+    let chunks = |c: &QuantizedMeanCase| c.n.div_ceil(c.spec.chunk);
+    assert!(has(&|c| c.world == 3
+        && c.spec.codec == Codec::Int8
+        && !c.n.is_multiple_of(c.spec.chunk)
+        && !chunks(c).is_multiple_of(c.world)));
+    assert!(has(&|c| c.world == 3
+        && c.spec.codec == Codec::Int4
+        && !c.n.is_multiple_of(c.spec.chunk)
+        && !chunks(c).is_multiple_of(c.world)));
+    assert!(has(&|c| c.world == 4 && chunks(c) < c.world));
+    assert!(has(&|c| c.spec.codec == Codec::Int4
+        && matches!(c.spec.rounding, Rounding::Stochastic { seed } if seed > 1 << 63)));
+    assert!(has(&|c| c.spec.codec.to_string() == "topk:0.25+int8"));
+    for codec in ["int4", "topk:0.1+int8"] {
+        assert!(
+            has(&|c| c.spec.codec.to_string() == codec
+                && c.feedback
+                && c.world == 3
+                && c.rounds.len() == 3),
+            "no feedback case of {codec}"
+        );
+    }
+    assert!(has(&|c| c.world == 1 && !c.feedback));
+    assert!(has(&|c| c.world == 1 && c.feedback));
+}
+
+#[test]
+fn codec_quantized_mean_shards_block_and_wire_bytes_match_the_reference() {
+    for case in vectors().quantized_mean {
+        let (spec, n, world) = (&case.spec, case.n, case.world);
+        let got: Vec<[usize; 2]> = shards(n, spec.chunk, world)
+            .into_iter()
+            .map(|r| [r.start, r.end])
+            .collect();
+        assert_eq!(got, case.shards, "case {}: shards", case.name);
+        assert_eq!(
+            quantized_mean_block(spec, n, world),
+            case.block,
+            "case {}: block",
+            case.name
+        );
+        assert_eq!(
+            quantized_mean_wire_bytes(spec, n, world),
+            case.wire_bytes,
+            "case {}: wire bytes",
+            case.name
+        );
+    }
+}
+
+/// The reference's messages agree with the codec's own pieces: every rank's first message is
+/// `encode_with_feedback` of its input, and every owner's second message decodes to the mean on
+/// its shard (so the oracle's recorded messages are the ones its means come from).
+#[test]
+fn codec_quantized_mean_reference_messages_are_consistent() {
+    for case in vectors().quantized_mean {
+        let spec = &case.spec;
+        let mut sent = vec![ErrorFeedback::new(case.n); case.world];
+        for want in &case.rounds {
+            let at = format!("case {} round {}", case.name, want.round);
+            for (rank, fb) in sent.iter_mut().enumerate() {
+                let mut msg = Vec::new();
+                let x = floats(&want.inputs[rank]);
+                let fb = case.feedback.then_some(fb);
+                encode_with_feedback(spec, fb, &x, want.round, rank, &mut msg).unwrap();
+                assert_eq!(hex(&msg), want.messages[rank], "{at} rank {rank}: message");
+            }
+            for (j, [start, end]) in case.shards.iter().copied().enumerate() {
+                let g = &want.owner_messages[j];
+                let bytes: Vec<u8> = (0..g.len() / 2)
+                    .map(|i| u8::from_str_radix(&g[2 * i..2 * i + 2], 16).unwrap())
+                    .collect();
+                assert_eq!(
+                    bytes.len(),
+                    message_len(spec, end - start),
+                    "{at} owner {j}"
+                );
+                assert!(bytes.len() <= case.block, "{at} owner {j}");
+                let mut d = vec![0.0; end - start];
+                decode(spec, &bytes, end - start, &mut d).unwrap();
+                assert_eq!(bits(&d), want.mean[start..end], "{at} owner {j}: decoded");
+            }
+        }
+    }
+}
+
+#[test]
+fn codec_quantized_mean_matches_the_reference_bit_for_bit() {
+    for case in vectors().quantized_mean {
+        let seen = run_quantized_mean(&case);
+        assert_eq!(seen.len(), case.world);
+        for (rank, rounds) in seen.iter().enumerate() {
+            for (got, want) in rounds.iter().zip(&case.rounds) {
+                let at = format!("case {} round {} rank {rank}", case.name, want.round);
+                assert_eq!(got.mean, want.mean, "{at}: mean");
+                if let (Some(sent), Some(owned)) = (&want.sent, &want.owned) {
+                    assert_eq!(got.sent, sent[rank], "{at}: sent residual");
+                    assert_eq!(got.owned, owned[rank], "{at}: owned residual");
+                } else {
+                    // Without feedback the residuals stay zero.
+                    assert!(got.sent.iter().chain(&got.owned).all(|&b| b == 0), "{at}");
+                }
+                assert_eq!(got.traffic.wire_bytes, case.wire_bytes, "{at}: wire bytes");
+            }
+        }
+    }
 }
 
 const CODECS: [&str; 8] = [

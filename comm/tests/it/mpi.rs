@@ -85,6 +85,11 @@ fn four_ranks_pass_every_check_with_signature_checks() {
         "all_gather_bytes 1000",
         "all_gather_bytes 1048576",
         "all_gather_bytes wrong output length refused",
+        "all_to_all_bytes 0",
+        "all_to_all_bytes 1048576",
+        "all_to_all_bytes 1048576 charged",
+        "all_to_all_bytes dedicated 100003",
+        "mismatch: all_to_all_bytes blocks",
         "async all_gather_bytes 1M",
         "async all_gather_bytes charged at start",
         "mismatch: all_gather_bytes lengths",
@@ -122,6 +127,63 @@ fn three_ranks_pass_without_signature_checks() {
         "{text}"
     );
     assert!(!text.contains("PASS mismatch"), "{text}");
+}
+
+/// `all_to_all_bytes` (`MPI_Alltoall`) on 3 ranks without signature checks and on 4 with: each
+/// rank's block for each rank (bytes from sender, receiver and index) arrives in its place, for
+/// empty, 1-byte, odd and 1 MiB blocks, on the world, a subgroup and a dedicated communicator
+/// (polled strided pieces); each call charges one collective of one block, `(size - 1)` blocks
+/// on the wire; wrong buffer lengths are refused; with signature checks, ranks that pass
+/// different blocks get a mismatch.
+#[test]
+fn all_to_all_bytes_on_three_and_four_ranks() {
+    for (ranks, signature_check) in [(3, false), (4, true)] {
+        let mut args = vec!["all-to-all"];
+        if !signature_check {
+            args.push("--no-signature-check");
+        }
+        let (out, _) = mpirun(ranks, &args);
+        let text = stdout(&out);
+        assert!(out.status.success(), "{text}");
+        assert!(!text.contains("FAIL"), "{text}");
+        assert!(
+            text.contains(&format!(
+                "ALL PASS all-to-all ({ranks} ranks, signature check {signature_check})"
+            )),
+            "{text}"
+        );
+        let mut names: Vec<String> = [
+            "all_to_all_bytes on a subgroup",
+            "all_to_all_bytes on a subgroup charged to the parent",
+            "all_to_all_bytes uneven blocks refused",
+            "all_to_all_bytes wrong receive length refused",
+            "all_to_all_bytes dedicated 0",
+            "all_to_all_bytes dedicated 0 charged",
+            "all_to_all_bytes dedicated 100003",
+            "all_to_all_bytes dedicated 100003 charged",
+        ]
+        .map(String::from)
+        .into();
+        for block in [0, 1, 1000, 1 << 20] {
+            names.push(format!("all_to_all_bytes {block}"));
+            names.push(format!("all_to_all_bytes {block} charged"));
+        }
+        if signature_check {
+            names.push("mismatch: all_to_all_bytes blocks".into());
+            names.push("all_to_all_bytes after a mismatch".into());
+        }
+        for name in names {
+            assert!(
+                text.contains(&format!("PASS {name}\n")),
+                "{ranks} ranks: missing PASS {name}:\n{text}"
+            );
+        }
+        assert_eq!(
+            text.contains("mismatch"),
+            signature_check,
+            "{ranks} ranks: {text}"
+        );
+    }
 }
 
 /// A launcher's `btl_tcp_links` (here through the environment `mpirun` passes on, as
