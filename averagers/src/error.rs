@@ -164,6 +164,15 @@ impl AveragerError {
     }
 }
 
+impl From<localsgd_comm::codec::QuantizedMeanError> for AveragerError {
+    fn from(e: localsgd_comm::codec::QuantizedMeanError) -> Self {
+        match e {
+            localsgd_comm::codec::QuantizedMeanError::Comm(c) => AveragerError::Comm(c),
+            other => AveragerError::Codec(other.to_string()),
+        }
+    }
+}
+
 impl From<localsgd_comm::codec::CodecError> for AveragerError {
     fn from(e: localsgd_comm::codec::CodecError) -> Self {
         AveragerError::Codec(e.to_string())

@@ -4,7 +4,7 @@
 use crate::pipeline::error::PipelineError;
 use crate::settings::{
     AlgorithmKind, AlgorithmSetting, AverageCompressionKind, GradientCompression, Levels,
-    OuterSettings, PipelineBuckets, SettingError, check_compression, rounding_name,
+    LossyExchange, OuterSettings, PipelineBuckets, SettingError, check_compression, rounding_name,
 };
 use localsgd_averagers::{
     AverageCompression, HierarchicalModelAverager, Level, ModelAverager, OuterAverager,
@@ -400,15 +400,22 @@ impl AlgorithmSpec {
                 // rounding's seed: the run's seed, which the identity leaves out).
                 let compression = match o.compression {
                     Some(AverageCompression::Half(p)) => format!(" average_compression={p}"),
+                    // The exchange only when set: `auto` is what checkpoints before it did
+                    // on 2 ranks.
                     Some(AverageCompression::Lossy {
                         spec,
                         error_feedback,
+                        exchange,
                     }) => format!(
                         " average_compression={} average_compression_chunk={} average_rounding={} \
-                         average_error_feedback={error_feedback}",
+                         average_error_feedback={error_feedback}{}",
                         spec.codec,
                         spec.chunk,
-                        rounding_name(spec.rounding)
+                        rounding_name(spec.rounding),
+                        match exchange {
+                            LossyExchange::Auto => String::new(),
+                            e => format!(" average_exchange={e}"),
+                        }
                     ),
                     None => String::new(),
                 };
@@ -678,7 +685,9 @@ pub fn default_levels(workers: usize, period: u64) -> Vec<Level> {
 #[cfg(test)]
 mod tests {
     use super::{AlgorithmSpec, pipelines};
-    use crate::settings::{AlgorithmKind, AverageCompressionKind, OuterOptions, OuterSettings};
+    use crate::settings::{
+        AlgorithmKind, AverageCompressionKind, LossyExchange, OuterOptions, OuterSettings,
+    };
     use localsgd_averagers::{AverageCompression, PseudoGradient};
     use localsgd_comm::Precision;
     use localsgd_comm::codec::Rounding;
@@ -744,6 +753,7 @@ mod tests {
         let Some(AverageCompression::Lossy {
             spec: codec,
             error_feedback,
+            ..
         }) = spec.outer.unwrap().compression
         else {
             panic!("not lossy");
@@ -773,8 +783,18 @@ mod tests {
                 ..OuterOptions::default()
             }),
             "invalid setting `average-error-feedback` = false: unset with `average-compression` = \
-             fp16: chunks, rounding and error feedback are the lossy codecs' (`int8`, `int4`, \
-             `topk:F`, `topk:F+int8`, `topk:F+int4`)"
+             fp16: chunks, rounding, error feedback and the exchange are the lossy codecs' \
+             (`int8`, `int4`, `topk:F`, `topk:F+int8`, `topk:F+int4`)"
+        );
+        assert_eq!(
+            err(OuterOptions {
+                compression: kind("bf16"),
+                exchange: Some(LossyExchange::AllReduce),
+                ..OuterOptions::default()
+            }),
+            "invalid setting `average-exchange` = all-reduce: unset with `average-compression` = \
+             bf16: chunks, rounding, error feedback and the exchange are the lossy codecs' \
+             (`int8`, `int4`, `topk:F`, `topk:F+int8`, `topk:F+int4`)"
         );
         assert!(
             err(OuterOptions {
@@ -876,6 +896,7 @@ mod tests {
             let Some(AverageCompression::Lossy {
                 spec,
                 error_feedback,
+                ..
             }) = averaging(k, int4).unwrap().and_then(|o| o.compression)
             else {
                 panic!("{k:?}: no lossy compression");

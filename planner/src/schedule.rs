@@ -3,7 +3,9 @@
 use crate::algorithm::Algorithm;
 use crate::error::{PlanError, invalid};
 use crate::workload::Workload;
+use localsgd_averagers::outer::LossyExchange;
 use localsgd_averagers::{AverageCompression, validate_levels};
+use localsgd_comm::codec::quantized_mean_block;
 use localsgd_pipeline::settings::Levels;
 
 /// One collective of an iteration: group size, payload bytes, and whether it is float data.
@@ -159,32 +161,33 @@ impl Schedule {
                 gather: false,
             })
         };
-        // `bytes`: each rank's payload (4 a parameter; less for compressed pseudo-gradients);
-        // `gather`: all-gathered (a lossy codec's messages) rather than all-reduced.
-        let average = |out: &mut Vec<Collective>,
-                       group: usize,
-                       overlapped: bool,
-                       bytes: u64,
-                       gather: bool| {
-            // Averaging over one rank is the identity and communicates nothing.
-            if group <= 1 {
-                return;
-            }
-            out.push(Collective {
-                group,
-                bytes: 32,
-                data: false,
-                overlapped: false,
-                gather: false,
-            });
-            out.push(Collective {
-                group,
-                bytes,
-                data: true,
-                overlapped,
-                gather,
-            });
-        };
+        // `parts`: the sync's data collectives ([`sync_parts`]), each rank's payload (4 a
+        // parameter; less for compressed pseudo-gradients) and whether it is all-gathered (a
+        // lossy codec's messages, or blocks of the quantized all-reduce) rather than
+        // all-reduced.
+        let average =
+            |out: &mut Vec<Collective>, group: usize, overlapped: bool, parts: Vec<(u64, bool)>| {
+                // Averaging over one rank is the identity and communicates nothing.
+                if group <= 1 {
+                    return;
+                }
+                out.push(Collective {
+                    group,
+                    bytes: 32,
+                    data: false,
+                    overlapped: false,
+                    gather: false,
+                });
+                for (bytes, gather) in parts {
+                    out.push(Collective {
+                        group,
+                        bytes,
+                        data: true,
+                        overlapped,
+                        gather,
+                    });
+                }
+            };
         match &self.algorithm {
             Algorithm::Ddp => gradients(&mut out),
             Algorithm::Periodic {
@@ -214,8 +217,7 @@ impl Schedule {
                         &mut out,
                         w,
                         *overlap > 0,
-                        pseudo_gradient_bytes(*compression, self.params),
-                        is_lossy(*compression),
+                        sync_parts(*compression, self.params, w),
                     );
                 }
             }
@@ -227,13 +229,7 @@ impl Schedule {
                 if i < self.warmup {
                     gradients(&mut out);
                 } else if (i - self.warmup + 1).is_multiple_of(*period) {
-                    average(
-                        &mut out,
-                        w,
-                        false,
-                        pseudo_gradient_bytes(*compression, self.params),
-                        is_lossy(*compression),
-                    );
+                    average(&mut out, w, false, sync_parts(*compression, self.params, w));
                 }
             }
             Algorithm::Hierarchical {
@@ -246,15 +242,9 @@ impl Schedule {
                 {
                     // Only the world's averages are compressed; smaller groups send f32.
                     if level.group_size == w && compression.is_some() {
-                        average(
-                            &mut out,
-                            w,
-                            false,
-                            pseudo_gradient_bytes(*compression, self.params),
-                            is_lossy(*compression),
-                        );
+                        average(&mut out, w, false, sync_parts(*compression, self.params, w));
                     } else {
-                        average(&mut out, level.group_size, false, params_f32, false);
+                        average(&mut out, level.group_size, false, vec![(params_f32, false)]);
                     }
                 }
             }
@@ -307,6 +297,29 @@ fn check_compression(compression: Option<AverageCompression>) -> Result<(), Plan
 /// all-reduced.
 fn is_lossy(compression: Option<AverageCompression>) -> bool {
     matches!(compression, Some(AverageCompression::Lossy { .. }))
+}
+
+/// The data collectives of one sync of `params` values on `world` ranks, as `(payload bytes,
+/// all-gathered)`: one all-reduce of the values (f32 or half precision), one all-gather of a
+/// lossy codec's messages, or, where the codec's exchange is the quantized all-reduce
+/// ([`LossyExchange::resolve`]), its all-to-all and its all-gather of one block each (both
+/// move `world − 1` blocks per rank, as an all-gather of a block does).
+pub(crate) fn sync_parts(
+    compression: Option<AverageCompression>,
+    params: u64,
+    world: usize,
+) -> Vec<(u64, bool)> {
+    if let Some(AverageCompression::Lossy { spec, exchange, .. }) = compression {
+        let n = usize::try_from(params).unwrap_or(usize::MAX);
+        if exchange.resolve(&spec, n, world) == LossyExchange::AllReduce {
+            let block = quantized_mean_block(&spec, n, world) as u64;
+            return vec![(block, true), (block, true)];
+        }
+    }
+    vec![(
+        pseudo_gradient_bytes(compression, params),
+        is_lossy(compression),
+    )]
 }
 
 /// Bytes one rank sends of a sync's pseudo-gradient of `params` values: 4 a value in f32, 2 in
@@ -452,6 +465,7 @@ mod tests {
                     rounding: Rounding::Nearest,
                 },
                 error_feedback: true,
+                exchange: LossyExchange::Auto,
             })
         };
         let w = work(1000, 1e-3);
@@ -510,7 +524,42 @@ mod tests {
                 rounding: Rounding::Nearest,
             },
             error_feedback: true,
+            exchange: LossyExchange::Auto,
         }
+    }
+
+    /// From 3 ranks on, `auto` takes the quantized all-reduce: an all-to-all and an all-gather
+    /// of one block each, where the block is the longest shard's message (int8, chunks of 128,
+    /// 1000 values on 8 ranks: one chunk a shard, 128 + 4 bytes); `all-gather` keeps the whole
+    /// message (1000 + 8 · 4 bytes).
+    #[test]
+    fn a_lossy_sync_on_eight_ranks_is_the_quantized_all_reduce_unless_set_otherwise() {
+        let outer = |compression| Algorithm::Outer {
+            period: 3,
+            slowmo: false,
+            compression: Some(compression),
+        };
+        let w = work(1000, 1e-3);
+        let auto = Schedule::new(&outer(int8()), 8, &w).unwrap();
+        let sync: Vec<(u64, bool)> = auto.iteration(2)[2..]
+            .iter()
+            .map(|c| (c.bytes, c.gather))
+            .collect();
+        assert_eq!(sync, [(132, true), (132, true)]);
+        assert_eq!(auto.payload(2), (8 + 32 + 2 * 132, 2 * 132));
+        let AverageCompression::Lossy { spec, .. } = int8() else {
+            unreachable!()
+        };
+        let gather = AverageCompression::Lossy {
+            spec,
+            error_feedback: true,
+            exchange: LossyExchange::AllGather,
+        };
+        let s = Schedule::new(&outer(gather), 8, &w).unwrap();
+        assert_eq!(s.payload(2), (8 + 32 + 1032, 1032));
+        // On 2 ranks the two move the same bytes: `auto` keeps one quantization.
+        let two = Schedule::new(&outer(int8()), 2, &w).unwrap();
+        assert_eq!(two.payload(2), (8 + 32 + 1032, 1032));
     }
 
     #[test]
@@ -579,18 +628,20 @@ mod tests {
 
     #[test]
     fn hierarchical_compresses_only_the_world_level() {
-        // 2 hosts x 2 ranks: pairs every 4 (f32, all-reduced), the world every 16 (int8,
-        // all-gathered).
+        // 2 hosts x 2 ranks: pairs every 4 (f32, all-reduced), the world every 16 (int8, the
+        // quantized all-reduce on 4 ranks: each owner's shard is 2 chunks of 128, one block
+        // 2 · (128 + 4) bytes, all-to-all then all-gathered).
         let a = Algorithm::Hierarchical {
             levels: [(4, 2), (16, 4)].into_iter().map(Level::from).collect(),
             compression: Some(int8()),
         };
-        let int8_bytes = 1000 + 8 * 4;
+        let block = 2 * (128 + 4);
         let s = Schedule::new(&a, 4, &work(1000, 1e-3)).unwrap();
         for i in [0, 16, 32] {
-            assert_eq!(s.payload(i), (8 + 32 + int8_bytes, int8_bytes), "step {i}");
-            let data = s.iteration(i)[2];
-            assert_eq!((data.group, data.bytes, data.gather), (4, int8_bytes, true));
+            assert_eq!(s.payload(i), (8 + 32 + 2 * block, 2 * block), "step {i}");
+            for data in &s.iteration(i)[2..4] {
+                assert_eq!((data.group, data.bytes, data.gather), (4, block, true));
+            }
         }
         for i in [4, 8, 12, 20] {
             assert_eq!(s.payload(i), (8 + 32 + 4000, 4000), "step {i}");

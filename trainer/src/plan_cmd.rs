@@ -7,6 +7,7 @@
 
 use anyhow::{Context, Result};
 use localsgd_averagers::AverageCompression;
+use localsgd_averagers::outer::LossyExchange;
 use localsgd_models::mlp::MlpConfig;
 use localsgd_planner::{Plan, PlanError, PlanInputs};
 use localsgd_trainer::config::{AverageCompressionKind, GradientCompression, Levels};
@@ -121,6 +122,12 @@ pub(crate) struct PlanFlags {
     /// --average-compression-chunk` (4 bytes of scale per chunk; default 1024).
     #[arg(long, alias = "outer-compression-chunk")]
     average_compression_chunk: Option<usize>,
+    /// How a lossy --average-compression's messages become the mean, as `localsgd train
+    /// --average-exchange`: auto (default: the fewer bytes per rank), all-gather (W − 1
+    /// messages per rank), all-reduce (the quantized all-reduce: about 2 (W − 1) / W of a
+    /// message per rank). Give each to compare their predictions.
+    #[arg(long, value_enum)]
+    average_exchange: Option<LossyExchange>,
     /// Pipelined gradient sync (true: the binary's `--pipeline-buckets on`, or `auto` with ranks
     /// on more than one host and no rank sharing cores; false: `off`, or `auto` on one host or
     /// where ranks share cores).
@@ -185,11 +192,13 @@ impl PlanFlags {
                 AverageCompression::Lossy {
                     mut spec,
                     error_feedback,
+                    exchange,
                 } => {
                     spec.chunk = self.average_compression_chunk.unwrap_or(spec.chunk);
                     AverageCompression::Lossy {
                         spec,
                         error_feedback,
+                        exchange: self.average_exchange.unwrap_or(exchange),
                     }
                 }
                 half => half,
@@ -208,6 +217,15 @@ pub(crate) fn run(flags: &PlanFlags) -> Result<()> {
         anyhow::bail!(
             "invalid --average-compression-chunk {chunk}: leave it out with --average-compression {}; \
              chunks are the lossy codecs' (int8, int4, topk:F, topk:F+int8, topk:F+int4)",
+            flags.average_compression
+        );
+    }
+    if let (Some(exchange), AverageCompressionKind::None | AverageCompressionKind::Half(_)) =
+        (flags.average_exchange, flags.average_compression)
+    {
+        anyhow::bail!(
+            "invalid --average-exchange {exchange}: leave it out with --average-compression {}; \
+             the exchange is the lossy codecs' (int8, int4, topk:F, topk:F+int8, topk:F+int4)",
             flags.average_compression
         );
     }

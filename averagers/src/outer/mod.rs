@@ -91,7 +91,7 @@ mod state;
 mod streaming;
 mod wire;
 
-pub use compression::{AverageCompression, DEFAULT_CHUNK};
+pub use compression::{AverageCompression, DEFAULT_CHUNK, LossyExchange};
 pub use optimizer::{OuterOptimizer, PseudoGradient};
 pub use sgd::{OuterSgd, OuterSgdConfig};
 pub use slowmo::SlowMoConfig;
@@ -112,7 +112,9 @@ use localsgd_comm::{AsyncGroup, Group};
 use sgd::{Real, slow_step, type_name};
 use slowmo::{SlowMoCadence, SlowMoEvent, SlowMoSchedule};
 use streaming::{Cadence, StreamingSchedule};
-use wire::{Lossy, Transfer, feedback_of, group_mean, mean_delta, side_group, type_changed};
+use wire::{
+    Lossy, Transfer, feedback_of, group_mean, mean_delta, owned_of, side_group, type_changed,
+};
 
 /// `θ` and the outer optimizer's state.
 #[derive(Debug, Clone, PartialEq)]
@@ -127,6 +129,9 @@ struct Global {
     /// What the lossy codec's messages did not carry yet (error feedback); `None` until the
     /// first lossy sync, or without error feedback.
     feedback: Option<ErrorFeedback>,
+    /// What the reduced shard this rank owns in the quantized all-reduce did not carry yet
+    /// (the vector's length; only the owned shard is used); `None` until its first use.
+    owned: Option<ErrorFeedback>,
 }
 
 /// Streaming DiLoCo's moving parts: the cadence, the non-blocking communicator (created at the
@@ -475,6 +480,7 @@ impl OuterAverager {
                 sgd,
                 slow_momentum,
                 feedback: None,
+                owned: None,
             });
         }
         self.global = global;
@@ -532,6 +538,10 @@ impl OuterAverager {
                         .feedback
                         .as_ref()
                         .map(|fb| fb.residual().to_vec()),
+                    owned_residual: self.global[f]
+                        .owned
+                        .as_ref()
+                        .map(|fb| fb.residual().to_vec()),
                 })
                 .collect(),
             pending,
@@ -582,23 +592,24 @@ impl OuterAverager {
                     }
                 },
             };
-            let feedback = match &frag.residual {
-                Some(r) if r.len() != frag.theta.len() => {
-                    return Err(AveragerError::Outer(format!(
-                        "the saved error-feedback residual has {} elements, its fragment {}",
-                        r.len(),
-                        frag.theta.len()
-                    )));
-                }
-                Some(r) => Some(ErrorFeedback::from_residual(r.clone())),
-                None => None,
+            let residual = |r: &Option<Vec<f32>>, what: &str| match r {
+                Some(r) if r.len() != frag.theta.len() => Err(AveragerError::Outer(format!(
+                    "the saved {what} has {} elements, its fragment {}",
+                    r.len(),
+                    frag.theta.len()
+                ))),
+                Some(r) => Ok(Some(ErrorFeedback::from_residual(r.clone()))),
+                None => Ok(None),
             };
+            let feedback = residual(&frag.residual, "error-feedback residual")?;
+            let owned = residual(&frag.owned_residual, "owner's error-feedback residual")?;
             global.push(Global {
                 entries: frag.entries.clone(),
                 theta: frag.theta.clone(),
                 sgd,
                 slow_momentum,
                 feedback,
+                owned,
             });
         }
         self.global = global;
@@ -719,6 +730,7 @@ impl OuterAverager {
         let g = &mut self.global[f];
         let theta = &g.theta;
         let feedback = feedback_of(&mut g.feedback, compression, theta.len());
+        let owned = owned_of(&mut g.owned, compression, theta.len(), world.size());
         let Some(s) = self.streaming.as_mut() else {
             return Err(AveragerError::Outer("not a streaming averager".into()));
         };
@@ -736,11 +748,11 @@ impl OuterAverager {
         };
         let transfer = match (&flat.buffer, theta) {
             (FlatBuffer::F32(x), FlatBuffer::F32(t)) => {
-                let codec = Lossy::new(compression, feedback, round);
+                let codec = Lossy::new(compression, feedback, owned, round);
                 mean_delta(difference(t, x), side, &world, codec)?
             }
             (FlatBuffer::F64(x), FlatBuffer::F64(t)) => {
-                let codec = Lossy::new(compression, feedback, round);
+                let codec = Lossy::new(compression, feedback, owned, round);
                 mean_delta(difference(t, x), side, &world, codec)?
             }
             _ => return Err(type_changed()),
@@ -818,14 +830,20 @@ impl OuterAverager {
                 let delta = match (reduce, &mut flat.buffer, &g.theta) {
                     (PseudoGradient::MeanOfDeltas, FlatBuffer::F32(x), FlatBuffer::F32(t)) => {
                         let mut d = difference(t, x);
-                        let feedback = feedback_of(&mut g.feedback, compression, d.len());
-                        group_mean(&world, &mut d, Lossy::new(compression, feedback, round))?;
+                        let n = d.len();
+                        let feedback = feedback_of(&mut g.feedback, compression, n);
+                        let owned = owned_of(&mut g.owned, compression, n, world.size());
+                        let codec = Lossy::new(compression, feedback, owned, round);
+                        group_mean(&world, &mut d, codec)?;
                         FlatBuffer::F32(d)
                     }
                     (PseudoGradient::MeanOfDeltas, FlatBuffer::F64(x), FlatBuffer::F64(t)) => {
                         let mut d = difference(t, x);
-                        let feedback = feedback_of(&mut g.feedback, compression, d.len());
-                        group_mean(&world, &mut d, Lossy::new(compression, feedback, round))?;
+                        let n = d.len();
+                        let feedback = feedback_of(&mut g.feedback, compression, n);
+                        let owned = owned_of(&mut g.owned, compression, n, world.size());
+                        let codec = Lossy::new(compression, feedback, owned, round);
+                        group_mean(&world, &mut d, codec)?;
                         FlatBuffer::F64(d)
                     }
                     (PseudoGradient::DeltaOfMean, FlatBuffer::F32(x), FlatBuffer::F32(t)) => {

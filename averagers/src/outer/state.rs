@@ -22,6 +22,11 @@ pub struct FragmentState {
     /// What the lossy codec's messages have not carried yet (error feedback, f32); `None`
     /// without a lossy codec, without error feedback, or before its first sync.
     pub residual: Option<Vec<f32>>,
+    /// What the reduced shard this rank owns in the quantized all-reduce has not carried yet
+    /// (f32, the fragment's length, non-zero only on the owned shard); `None` without that
+    /// exchange or before its first sync. A resume on another number of ranks keeps the
+    /// residuals of the elements a rank owns in both worlds and starts the others at zero.
+    pub owned_residual: Option<Vec<f32>>,
 }
 
 /// A pseudo-gradient whose average was started (Streaming DiLoCo's prepare step) and not yet
@@ -52,12 +57,14 @@ pub struct PendingDelta {
 ///             theta: FlatBuffer::F32(vec![0.1, -3.0]),
 ///             momentum: Some(FlatBuffer::F32(vec![1e-7, 2.5])),
 ///             residual: Some(vec![0.5, -1e-9]),
+///             owned_residual: Some(vec![0.0, 3e-3]),
 ///         },
 ///         FragmentState {
 ///             entries: vec![(1, 1)],
 ///             theta: FlatBuffer::F32(vec![4.0]),
 ///             momentum: None,
 ///             residual: None,
+///             owned_residual: None,
 ///         },
 ///     ],
 ///     pending: Some(PendingDelta { fragment: 1, delta: FlatBuffer::F32(vec![0.25]) }),
@@ -83,6 +90,9 @@ struct FragmentHeader {
     /// An f32 error-feedback residual follows (absent in states written before it existed).
     #[serde(default)]
     residual: bool,
+    /// The owner's residual of the quantized all-reduce follows (f32).
+    #[serde(default)]
+    owned_residual: bool,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -126,14 +136,19 @@ impl OuterState {
             }
         }
         for (f, frag) in self.fragments.iter().enumerate() {
-            if let Some(r) = &frag.residual
-                && r.len() != frag.theta.len()
-            {
-                return Err(AveragerError::Outer(format!(
-                    "the saved error-feedback residual of fragment {f} has {} elements, its θ {}",
-                    r.len(),
-                    frag.theta.len()
-                )));
+            for (r, what) in [
+                (&frag.residual, "error-feedback residual"),
+                (&frag.owned_residual, "owner's error-feedback residual"),
+            ] {
+                if let Some(r) = r
+                    && r.len() != frag.theta.len()
+                {
+                    return Err(AveragerError::Outer(format!(
+                        "the saved {what} of fragment {f} has {} elements, its θ {}",
+                        r.len(),
+                        frag.theta.len()
+                    )));
+                }
             }
         }
         if let Some(p) = &self.pending {
@@ -170,6 +185,7 @@ impl OuterState {
                     len: f.theta.len(),
                     momentum: f.momentum.is_some(),
                     residual: f.residual.is_some(),
+                    owned_residual: f.owned_residual.is_some(),
                 })
                 .collect(),
             pending: self.pending.as_ref().map(|p| (p.fragment, p.delta.len())),
@@ -185,7 +201,7 @@ impl OuterState {
             if let Some(m) = &f.momentum {
                 push(&mut out, m);
             }
-            if let Some(r) = &f.residual {
+            for r in [&f.residual, &f.owned_residual].into_iter().flatten() {
                 r.iter()
                     .for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
             }
@@ -236,18 +252,21 @@ impl OuterState {
             } else {
                 None
             };
-            let residual = match f.residual {
+            let mut residual = |present: bool| match present {
                 true => match take(f.len, "f32")? {
-                    FlatBuffer::F32(r) => Some(r),
-                    FlatBuffer::F64(_) => return Err(bad("the residual is not f32")),
+                    FlatBuffer::F32(r) => Ok(Some(r)),
+                    FlatBuffer::F64(_) => Err(bad("the residual is not f32")),
                 },
-                false => None,
+                false => Ok(None),
             };
+            let sent = residual(f.residual)?;
+            let owned_residual = residual(f.owned_residual)?;
             fragments.push(FragmentState {
                 entries: f.entries.clone(),
                 theta,
                 momentum,
-                residual,
+                residual: sent,
+                owned_residual,
             });
         }
         let pending = match header.pending {

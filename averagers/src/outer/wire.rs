@@ -2,11 +2,12 @@
 //! as a lossy codec's messages with error feedback; blocking, or started on the non-blocking
 //! communicator and waited for later (Streaming DiLoCo's delay).
 
-use super::compression::AverageCompression;
+use super::compression::{AverageCompression, LossyExchange};
 use crate::error::AveragerError;
 use half::{bf16, f16};
 use localsgd_comm::codec::{
-    CodecSpec, ErrorFeedback, encode_with_feedback, mean_of_messages, message_len,
+    CodecSpec, ErrorFeedback, QuantizedFeedback, encode_with_feedback, mean_of_messages,
+    message_len, quantized_mean,
 };
 use localsgd_comm::params::FlatBuffer;
 use localsgd_comm::precision::Compressible;
@@ -127,6 +128,8 @@ impl Wire for f64 {
 pub(super) struct Lossy<'a> {
     compression: Option<AverageCompression>,
     feedback: Option<&'a mut ErrorFeedback>,
+    /// The owner's residual of the quantized all-reduce.
+    owned: Option<&'a mut ErrorFeedback>,
     round: u64,
 }
 
@@ -134,18 +137,20 @@ impl<'a> Lossy<'a> {
     pub(super) fn new(
         compression: Option<AverageCompression>,
         feedback: Option<&'a mut ErrorFeedback>,
+        owned: Option<&'a mut ErrorFeedback>,
         round: u64,
     ) -> Self {
         Self {
             compression,
             feedback,
+            owned,
             round,
         }
     }
 
     /// Full precision.
     pub(super) fn none() -> Self {
-        Self::new(None, None, 0)
+        Self::new(None, None, None, 0)
     }
 
     /// This rank's message for `d`: `d` plus the residual, encoded (the residual updated).
@@ -155,13 +160,7 @@ impl<'a> Lossy<'a> {
         d: &[T],
         rank: usize,
     ) -> Result<Vec<u8>, AveragerError> {
-        let d = T::as_f32(d).ok_or_else(|| {
-            AveragerError::Outer(format!(
-                "{} compression encodes f32 pseudo-gradients; these parameters are f64 \
-                 (valid: fp16, bf16 or none for f64 parameters)",
-                spec.codec
-            ))
-        })?;
+        let d = T::as_f32(d).ok_or_else(|| f64_refused(spec))?;
         let mut msg = Vec::with_capacity(message_len(spec, d.len()));
         encode_with_feedback(
             spec,
@@ -187,6 +186,27 @@ pub(super) fn feedback_of(
             error_feedback: true,
             ..
         }) => Some(slot.get_or_insert_with(|| ErrorFeedback::new(n))),
+        _ => None,
+    }
+}
+
+/// The fragment's owner residual for the quantized all-reduce (created at its first use), when
+/// `compression` is a lossy codec with error feedback whose exchange for `n` values on `world`
+/// ranks is the all-reduce.
+pub(super) fn owned_of(
+    slot: &mut Option<ErrorFeedback>,
+    compression: Option<AverageCompression>,
+    n: usize,
+    world: usize,
+) -> Option<&mut ErrorFeedback> {
+    match compression {
+        Some(AverageCompression::Lossy {
+            spec,
+            error_feedback: true,
+            exchange,
+        }) if exchange.resolve(&spec, n, world) == LossyExchange::AllReduce => {
+            Some(slot.get_or_insert_with(|| ErrorFeedback::new(n)))
+        }
         _ => None,
     }
 }
@@ -225,7 +245,15 @@ pub(super) fn start_transfer<T: Wire>(
             side.start_average(d.iter().map(|&x| x.to_bf16()).collect())?,
             T::WIDE,
         ),
-        Some(AverageCompression::Lossy { spec, .. }) => {
+        Some(AverageCompression::Lossy { spec, exchange, .. }) => {
+            if exchange == LossyExchange::AllReduce && world.size() > 1 {
+                return Err(AveragerError::Outer(
+                    "`average-exchange` = all-reduce runs blocking, and this exchange is \
+                     delayed (Streaming DiLoCo's `delay`): use `auto` or `all-gather` (a delayed \
+                     exchange is an all-gather), or delay 0"
+                        .into(),
+                ));
+            }
             let msg = codec.encode(&spec, &d, world.rank())?;
             Transfer::Gathered {
                 pending: side.start_all_gather_bytes(msg)?,
@@ -251,6 +279,17 @@ pub(super) fn group_mean<T: Wire>(
         (None, _) => world.average_slice(v)?,
         (Some(AverageCompression::Half(p)), 1) => round_to(v, p),
         (Some(AverageCompression::Half(p)), _) => average_compressed(&**world, v, p)?,
+        (Some(AverageCompression::Lossy { spec, exchange, .. }), size)
+            if exchange.resolve(&spec, v.len(), size) == LossyExchange::AllReduce =>
+        {
+            let x = T::as_f32(v).ok_or_else(|| f64_refused(&spec))?.to_vec();
+            let out = T::as_f32_mut(v).ok_or_else(type_changed)?;
+            let feedback = match (codec.feedback, codec.owned) {
+                (Some(sent), Some(owned)) => Some(QuantizedFeedback { sent, owned }),
+                _ => None,
+            };
+            quantized_mean(&**world, &spec, &x, feedback, codec.round, out)?;
+        }
         (Some(AverageCompression::Lossy { spec, .. }), size) => {
             let msg = codec.encode(&spec, v, world.rank())?;
             let gathered = if size == 1 {
@@ -265,6 +304,14 @@ pub(super) fn group_mean<T: Wire>(
         }
     }
     Ok(())
+}
+
+fn f64_refused(spec: &CodecSpec) -> AveragerError {
+    AveragerError::Outer(format!(
+        "{} compression encodes f32 pseudo-gradients; these parameters are f64 (valid: fp16, \
+         bf16 or none for f64 parameters)",
+        spec.codec
+    ))
 }
 
 pub(super) fn type_changed() -> AveragerError {

@@ -46,6 +46,8 @@ pub enum AlgorithmSetting {
     AverageRounding,
     /// `average-error-feedback`: a lossy codec's error feedback.
     AverageErrorFeedback,
+    /// `average-exchange`: how a lossy codec's messages become the mean.
+    AverageExchange,
     /// `fragments`: Streaming DiLoCo's fragments.
     Fragments,
     /// `fragment-sync-delay`: Streaming DiLoCo's early start of a fragment's all-reduce.
@@ -58,7 +60,7 @@ pub enum AlgorithmSetting {
 
 impl AlgorithmSetting {
     /// Every such setting, in the configuration reference's order.
-    pub const ALL: [AlgorithmSetting; 21] = [
+    pub const ALL: [AlgorithmSetting; 22] = [
         AlgorithmSetting::Warmup,
         AlgorithmSetting::WarmupEpochs,
         AlgorithmSetting::Period,
@@ -76,6 +78,7 @@ impl AlgorithmSetting {
         AlgorithmSetting::AverageCompressionChunk,
         AlgorithmSetting::AverageRounding,
         AlgorithmSetting::AverageErrorFeedback,
+        AlgorithmSetting::AverageExchange,
         AlgorithmSetting::Fragments,
         AlgorithmSetting::FragmentSyncDelay,
         AlgorithmSetting::FragmentAlpha,
@@ -102,6 +105,7 @@ impl AlgorithmSetting {
             Self::AverageCompressionChunk => "average-compression-chunk",
             Self::AverageRounding => "average-rounding",
             Self::AverageErrorFeedback => "average-error-feedback",
+            Self::AverageExchange => "average-exchange",
             Self::Fragments => "fragments",
             Self::FragmentSyncDelay => "fragment-sync-delay",
             Self::FragmentAlpha => "fragment-alpha",
@@ -142,7 +146,8 @@ impl AlgorithmSetting {
             Self::AverageCompression
             | Self::AverageCompressionChunk
             | Self::AverageRounding
-            | Self::AverageErrorFeedback => !matches!(kind, K::Ddp | K::Slowmo),
+            | Self::AverageErrorFeedback
+            | Self::AverageExchange => !matches!(kind, K::Ddp | K::Slowmo),
             Self::Fragments | Self::FragmentSyncDelay | Self::FragmentAlpha => {
                 kind == K::StreamingDiloco
             }

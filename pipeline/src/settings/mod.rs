@@ -6,6 +6,7 @@ mod applies;
 mod outer;
 
 pub use applies::AlgorithmSetting;
+pub use localsgd_averagers::outer::LossyExchange;
 pub use outer::{AverageCompressionKind, AverageRounding, OuterOptions, SLOWMO_FREQUENCY};
 pub(crate) use outer::{check_compression, rounding_name};
 

@@ -3,6 +3,7 @@
 //! torch's SGD, fairscale's SlowMo, torchft's Streaming DiLoCo and the pseudo-gradients' codec,
 //! each error named after the setting as the `localsgd` binary's TOML file and flags spell it.
 
+use localsgd_averagers::outer::LossyExchange;
 use localsgd_averagers::{
     AverageCompression, Level, OuterOptimizer, OuterSgdConfig, PseudoGradient, SlowMoConfig,
     StreamingConfig,
@@ -121,7 +122,8 @@ impl TryFrom<String> for AverageCompressionKind {
 
 /// The outer optimizer's settings as given (`None`: the algorithm's default). The binary's
 /// `outer-lr`, `outer-momentum`, `outer-nesterov`, `outer-reduce`, `average-compression`,
-/// `average-compression-chunk`, `average-rounding`, `average-error-feedback`, `fragments`,
+/// `average-compression-chunk`, `average-rounding`, `average-error-feedback`,
+/// `average-exchange`, `fragments`,
 /// `fragment-sync-delay`, `fragment-alpha` and `slowmo-frequency` fill it;
 /// [`OuterSettings::resolve`] turns it into settings.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -148,6 +150,9 @@ pub struct OuterOptions {
     pub rounding: Option<Rounding>,
     /// A lossy codec's error feedback (default on); refused without a lossy codec.
     pub error_feedback: Option<bool>,
+    /// How a lossy codec's messages become the mean (default auto: the cheaper on the wire);
+    /// refused without a lossy codec.
+    pub exchange: Option<LossyExchange>,
     /// Streaming DiLoCo's fragments (default 2).
     pub fragments: Option<usize>,
     /// Streaming DiLoCo's τ, torchft's `fragment_sync_delay` (default 0).
@@ -195,7 +200,7 @@ pub(crate) fn rounding_name(r: Rounding) -> &'static str {
 
 impl OuterOptions {
     /// The given settings, by name and value, in the order they are reported.
-    fn given(&self) -> [(AlgorithmSetting, Option<String>); 12] {
+    fn given(&self) -> [(AlgorithmSetting, Option<String>); 13] {
         [
             (AlgorithmSetting::OuterLr, self.lr.map(|v| v.to_string())),
             (
@@ -226,6 +231,10 @@ impl OuterOptions {
             (
                 AlgorithmSetting::AverageErrorFeedback,
                 self.error_feedback.map(|v| v.to_string()),
+            ),
+            (
+                AlgorithmSetting::AverageExchange,
+                self.exchange.map(|v| v.to_string()),
             ),
             (
                 AlgorithmSetting::Fragments,
@@ -327,6 +336,7 @@ fn resolve_compression(o: &OuterOptions) -> Result<Option<AverageCompression>, S
     let Some(AverageCompression::Lossy {
         mut spec,
         mut error_feedback,
+        mut exchange,
     }) = o.compression
     else {
         let name = AverageCompressionKind::from(o.compression).to_string();
@@ -343,15 +353,16 @@ fn resolve_compression(o: &OuterOptions) -> Result<Option<AverageCompression>, S
                 "average-error-feedback",
                 o.error_feedback.map(|v| v.to_string()),
             ),
+            ("average-exchange", o.exchange.map(|v| v.to_string())),
         ];
         if let Some((setting, Some(value))) = given.into_iter().find(|g| g.1.is_some()) {
             return Err(bad(
                 setting,
                 value,
                 format!(
-                    "unset with `average-compression` = {name}: chunks, rounding and error \
-                     feedback are the lossy codecs' (`int8`, `int4`, `topk:F`, `topk:F+int8`, \
-                     `topk:F+int4`)"
+                    "unset with `average-compression` = {name}: chunks, rounding, error \
+                     feedback and the exchange are the lossy codecs' (`int8`, `int4`, `topk:F`, \
+                     `topk:F+int8`, `topk:F+int4`)"
                 ),
             ));
         }
@@ -378,9 +389,21 @@ fn resolve_compression(o: &OuterOptions) -> Result<Option<AverageCompression>, S
     if let Some(on) = o.error_feedback {
         error_feedback = on;
     }
+    if let Some(chosen) = o.exchange {
+        exchange = chosen;
+    }
+    if exchange == LossyExchange::AllReduce && o.fragment_sync_delay.is_some_and(|d| d > 0) {
+        return Err(bad(
+            "average-exchange",
+            "all-reduce",
+            "`auto` or `all-gather` with `fragment-sync-delay` above 0: the quantized \
+             all-reduce runs blocking, and a delayed fragment's exchange is an all-gather",
+        ));
+    }
     Ok(Some(AverageCompression::Lossy {
         spec,
         error_feedback,
+        exchange,
     }))
 }
 

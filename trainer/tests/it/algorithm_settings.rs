@@ -43,6 +43,7 @@ fn given(setting: AlgorithmSetting, kind: AlgorithmKind) -> String {
         S::AverageCompressionChunk => format!("{lossy}average-compression-chunk = 512"),
         S::AverageRounding => format!("{lossy}average-rounding = \"stochastic\""),
         S::AverageErrorFeedback => format!("{lossy}average-error-feedback = false"),
+        S::AverageExchange => format!("{lossy}average-exchange = \"all-gather\""),
         S::Fragments => "fragments = 2".into(),
         S::FragmentSyncDelay => "fragment-sync-delay = 1".into(),
         S::FragmentAlpha => "fragment-alpha = 0.5".into(),
@@ -52,7 +53,7 @@ fn given(setting: AlgorithmSetting, kind: AlgorithmKind) -> String {
 
 /// The algorithms each setting applies to, as the configuration reference documents them
 /// (book/src/configuration.md).
-const DOCUMENTED: [(&str, &str); 21] = [
+const DOCUMENTED: [(&str, &str); 22] = [
     (
         "warmup",
         "local-sgd post-local-sgd hierarchical diloco streaming-diloco slowmo",
@@ -101,6 +102,10 @@ const DOCUMENTED: [(&str, &str); 21] = [
     ),
     (
         "average-error-feedback",
+        "local-sgd post-local-sgd hierarchical diloco streaming-diloco",
+    ),
+    (
+        "average-exchange",
         "local-sgd post-local-sgd hierarchical diloco streaming-diloco",
     ),
     ("fragments", "streaming-diloco"),
@@ -204,6 +209,7 @@ fn for_algorithm_keeps_exactly_the_settings_that_apply() {
             AlgorithmSetting::AverageCompressionChunk => cfg.average_compression_chunk.is_some(),
             AlgorithmSetting::AverageRounding => cfg.average_rounding.is_some(),
             AlgorithmSetting::AverageErrorFeedback => cfg.average_error_feedback.is_some(),
+            AlgorithmSetting::AverageExchange => cfg.average_exchange.is_some(),
             AlgorithmSetting::Fragments => cfg.fragments.is_some(),
             AlgorithmSetting::FragmentSyncDelay => cfg.fragment_sync_delay.is_some(),
             AlgorithmSetting::FragmentAlpha => cfg.fragment_alpha.is_some(),

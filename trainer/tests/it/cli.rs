@@ -328,7 +328,22 @@ fn bad_input_is_rejected_before_anything_is_written() {
             "false",
         ]),
         "`average-error-feedback` = false: unset with `average-compression` = fp16: chunks, \
-         rounding and error feedback are the lossy codecs'",
+         rounding, error feedback and the exchange are the lossy codecs'",
+        &run,
+    );
+    assert_rejected(
+        &base(&[
+            "--algorithm",
+            "streaming-diloco",
+            "--average-compression",
+            "int8",
+            "--fragment-sync-delay",
+            "1",
+            "--average-exchange",
+            "all-reduce",
+        ]),
+        "`average-exchange` = all-reduce: `auto` or `all-gather` with \
+         `fragment-sync-delay` above 0: the quantized all-reduce runs blocking",
         &run,
     );
     assert_rejected(
@@ -543,6 +558,7 @@ fn average_compression_takes_every_codec_in_toml_and_flags() {
                 Some(AverageCompression::Lossy {
                     spec,
                     error_feedback: true,
+                    ..
                 }),
             ) => {
                 assert_eq!(spec.codec.to_string(), text);
@@ -584,6 +600,7 @@ fn average_compression_takes_every_codec_in_toml_and_flags() {
     let Some(AverageCompression::Lossy {
         spec: codec,
         error_feedback,
+        ..
     }) = spec.outer.as_ref().unwrap().compression
     else {
         panic!("not lossy");
