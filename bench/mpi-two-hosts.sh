@@ -4,8 +4,10 @@
 # mpirun runs in h1; it starts the h2 daemon through a tiny launch agent (instead of ssh) that
 # enters h2's network namespace and a fresh UTS namespace named h2.
 #
-# Usage (root): bench/mpi-two-hosts.sh <mpi program> [args...]
+# Usage (root): [LOCALSGD_LINK_RATE=100mbit] bench/mpi-two-hosts.sh <mpi program> [args...]
 #   default args: check --expect-hosts 2 (the mpi_check driver of localsgd-comm)
+#   LOCALSGD_LINK_RATE shapes the link in both directions (`tc ... tbf rate RATE burst 256kb
+#   latency 50ms`, a tc rate such as 100mbit or 1gbit); unset: unshaped.
 # Only loopback and the two namespaces created here carry traffic. Everything is removed on exit.
 set -euo pipefail
 
@@ -40,6 +42,10 @@ for ns in "$ns1" "$ns2"; do
 done
 ip -n "$ns1" link set "$veth1" up
 ip -n "$ns2" link set "$veth2" up
+if [ -n "${LOCALSGD_LINK_RATE:-}" ]; then
+  tc -n "$ns1" qdisc add dev "$veth1" root tbf rate "$LOCALSGD_LINK_RATE" burst 256kb latency 50ms
+  tc -n "$ns2" qdisc add dev "$veth2" root tbf rate "$LOCALSGD_LINK_RATE" burst 256kb latency 50ms
+fi
 
 # Launch agent used by mpirun in place of ssh: `agent <host> <command words...>`.
 cat > "$work/agent" <<AGENT

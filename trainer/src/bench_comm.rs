@@ -6,6 +6,10 @@
 //! binary built with the `mpi` feature, under `mpirun -np N`) or NCCL (`--backend nccl`, feature
 //! `nccl`, one process per GPU started with `RANK`/`WORLD_SIZE`/`MASTER_ADDR`/`MASTER_PORT`):
 //! the N ranks; rank 0 prints.
+//!
+//! `--wire f32,fp16,int8,int8-gather,...` times one average in each wire format instead
+//! (`bench_wire.rs`): the f32 all-reduce, half precision, and the lossy codecs through the
+//! quantized all-reduce or (`-gather`) the all-gather of whole messages.
 
 use anyhow::{Context, Result};
 use localsgd_planner::measure::{CommBench, CommRow};
@@ -36,6 +40,11 @@ pub(crate) struct BenchCommFlags {
     /// Also write the results as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Time one average in each of these wire formats instead of the f32 all-reduce's
+    /// throughput: f32, fp16, bf16, or a lossy codec (int8, int4, topk:F[+int8|+int4]; chunk
+    /// 1024) through the quantized all-reduce, or with `-gather` its messages all-gathered.
+    #[arg(long, value_delimiter = ',')]
+    wire: Vec<crate::bench_wire::Wire>,
 }
 
 impl BenchCommFlags {
@@ -52,6 +61,9 @@ impl BenchCommFlags {
 pub(crate) fn run(flags: &BenchCommFlags) -> Result<()> {
     let bench = flags.bench()?;
     crate::launch::check_backend_built(flags.backend)?;
+    if !flags.wire.is_empty() {
+        return wire(flags);
+    }
     let rows = match flags.backend {
         Backend::Threads => Some(bench.threads(&flags.workers)?),
         Backend::Mpi | Backend::Nccl => process(&bench, flags.backend)?,
@@ -93,6 +105,77 @@ pub(crate) fn run(flags: &BenchCommFlags) -> Result<()> {
         .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
+}
+
+/// `--wire`: every format on each thread world, or on this process's world (rank 0 prints).
+fn wire(flags: &BenchCommFlags) -> Result<()> {
+    use crate::bench_wire::{measure, print};
+    let rows = match flags.backend {
+        Backend::Threads => {
+            let mut rows = Vec::new();
+            for &w in &flags.workers {
+                let world = localsgd_comm::ThreadWorld::new(w)?;
+                let mut per_rank = world
+                    .run(|group| measure(&group, &flags.wire, &flags.floats, flags.reps))
+                    .map_err(|p| anyhow::anyhow!("rank {} panicked: {}", p.rank, p.message))?;
+                rows.extend(per_rank.swap_remove(0)?);
+            }
+            Some(rows)
+        }
+        Backend::Mpi | Backend::Nccl => wire_process(flags)?,
+    };
+    let Some(rows) = rows else {
+        return Ok(());
+    };
+    print(&rows)?;
+    if let Some(path) = &flags.json {
+        let json: Vec<_> = rows
+            .iter()
+            .map(|r| {
+                serde_json::json!({
+                    "wire": r.wire,
+                    "workers": r.workers,
+                    "floats": r.floats,
+                    "seconds": r.seconds,
+                    "wire_bytes": r.wire_bytes,
+                })
+            })
+            .collect();
+        localsgd_pipeline::atomic::write_atomic(
+            path,
+            format!("{:#}\n", serde_json::Value::from(json)),
+        )
+        .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+#[cfg(any(feature = "mpi", feature = "nccl"))]
+fn wire_process(flags: &BenchCommFlags) -> Result<Option<Vec<crate::bench_wire::WireRow>>> {
+    let world = crate::process_world::ProcessWorld::start(
+        flags.backend,
+        localsgd_comm::thread::DEFAULT_TIMEOUT,
+    )?;
+    let group = world.group.clone();
+    let rows = match crate::bench_wire::measure(&group, &flags.wire, &flags.floats, flags.reps) {
+        Ok(rows) => rows,
+        Err(e) => {
+            eprintln!("error on rank {}: {e}", group.rank());
+            world.abort(2);
+        }
+    };
+    let rank = group.rank();
+    drop(group);
+    world.finish();
+    Ok((rank == 0).then_some(rows))
+}
+
+#[cfg(not(any(feature = "mpi", feature = "nccl")))]
+fn wire_process(flags: &BenchCommFlags) -> Result<Option<Vec<crate::bench_wire::WireRow>>> {
+    anyhow::bail!(
+        "invalid --backend {}: not available in this binary",
+        flags.backend.name()
+    )
 }
 
 fn row_json(r: &CommRow, gap_us: u64) -> serde_json::Value {

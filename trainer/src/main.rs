@@ -50,6 +50,7 @@ struct ExportFlags {
 
 mod bench_comm;
 mod bench_step;
+mod bench_wire;
 mod launch;
 mod outcome;
 mod plan_cmd;

@@ -1283,6 +1283,45 @@ fn bench_comm_takes_a_gap_and_refuses_one_over_a_second() {
     );
 }
 
+/// `--wire` times one average in each format and counts its wire bytes as the traffic counters
+/// do: on 8 thread ranks, 65,536 values, int8 through the quantized all-reduce sends
+/// `2 · 7` blocks of 8 chunks of 1024 + 4 bytes, the all-gather `7` whole messages, fp16 a ring
+/// all-reduce's `2 · 7/8 · 2n`; a bad format is refused naming it.
+#[test]
+fn bench_comm_times_each_wire_format_and_counts_its_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("wire.json");
+    let stdout = ok(&localsgd(&[
+        "bench-comm",
+        "--workers",
+        "8",
+        "--floats",
+        "65536",
+        "--reps",
+        "1",
+        "--wire",
+        "fp16,int8,int8-gather",
+        "--json",
+        json.to_str().unwrap(),
+    ]));
+    assert!(stdout.contains("ms/average"), "{stdout}");
+    let rows: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let bytes = |i: usize| rows[i]["wire_bytes"].as_u64().unwrap();
+    assert_eq!(
+        [&rows[0]["wire"], &rows[1]["wire"], &rows[2]["wire"]],
+        ["fp16", "int8", "int8-gather"]
+    );
+    assert_eq!(bytes(0), 2 * 7 * 2 * 65536 / 8);
+    assert_eq!(bytes(1), 2 * 7 * 8 * (1024 + 4));
+    assert_eq!(bytes(2), 7 * 64 * (1024 + 4));
+    assert!(rows[1]["seconds"].as_f64().unwrap() > 0.0);
+    let out = localsgd(&["bench-comm", "--wire", "int9"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unknown codec \"int9\""), "{err}");
+}
+
 #[test]
 fn eval_csv_time_continues_across_a_resume() {
     let dir = tempfile::tempdir().unwrap();
