@@ -2,7 +2,8 @@
 //! optimizer steps per epoch, 3 epochs): rank 1 (or rank 0) panics in epoch 2, in an
 //! optimizer step or while it saves its state after epoch 2. Under `Replace` a new thread takes
 //! its place from its saved state after epoch 1, and every rank ends bit-identical to the run
-//! without the failure, for every algorithm (the loader does not shuffle: burn's loaders draw
+//! without the failure, for every algorithm (DDP, local and post-local SGD, hierarchical
+//! averaging, DiLoCo, Streaming DiLoCo, SlowMo; the loader does not shuffle: burn's loaders draw
 //! each epoch's order from a generator that only moves forward). Under `Continue` the two
 //! survivors end exactly as the pipeline does that resumes the same 3-rank state after epoch 1
 //! on two ranks, the data dealt again over them.
@@ -199,6 +200,21 @@ fn a_replaced_rank_ends_streaming_diloco_bit_identical() {
 #[test]
 fn a_replaced_rank_ends_slowmo_bit_identical() {
     replaced(AlgorithmSpec::slowmo(2, 6), 1, Fault::Step(19));
+}
+
+#[test]
+fn a_replaced_rank_ends_local_sgd_bit_identical() {
+    replaced(AlgorithmSpec::local_sgd(3), 1, Fault::Step(21));
+}
+
+/// One level over the 3 ranks every 2 steps after a warmup of 4.
+#[test]
+fn a_replaced_rank_ends_hierarchical_averaging_bit_identical() {
+    replaced(
+        AlgorithmSpec::hierarchical(4, "2:3".parse().unwrap()),
+        2,
+        Fault::Step(23),
+    );
 }
 
 /// Rank 0 feeds burn-train's events and seals each saved epoch: its replacement does both.
