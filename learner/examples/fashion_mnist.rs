@@ -186,16 +186,7 @@ fn parse_args() -> Result<Args, String> {
             "--out" => args.out = PathBuf::from(value),
             "--device" => args.device = DeviceKind::from_name(&value)?,
             "--on-rank-failure" => {
-                args.on_rank_failure = match value.as_str() {
-                    "abort" => OnRankFailure::Abort,
-                    "continue" => OnRankFailure::Continue,
-                    "replace" => OnRankFailure::Replace,
-                    other => {
-                        return Err(format!(
-                            "--on-rank-failure {other:?}: expected abort, continue or replace"
-                        ));
-                    }
-                }
+                args.on_rank_failure = value.parse::<OnRankFailure>().map_err(|e| e.to_string())?
             }
             "--fail-at" => {
                 let parsed = value

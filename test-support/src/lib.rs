@@ -80,6 +80,21 @@ pub fn mpirun_ulfm(ranks: usize, program: &str, secs: u64, exports: &[&str]) -> 
     c
 }
 
+/// The seed of a randomized test: `LOCALSGD_TEST_SEED` when set (to replay a failure), else
+/// from the clock. Printed, with `what` it seeds, either way.
+pub fn test_seed(what: &str) -> u64 {
+    let seed = std::env::var("LOCALSGD_TEST_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| u64::from(d.subsec_nanos()))
+        });
+    eprintln!("{what} seed: {seed} (replay with LOCALSGD_TEST_SEED={seed})");
+    seed
+}
+
 /// Hold this while an MPI job (or anything that starts one) runs. A test that panicked while
 /// holding it does not poison it for the others.
 pub fn one_mpi_job() -> MutexGuard<'static, ()> {

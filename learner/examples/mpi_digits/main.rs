@@ -103,16 +103,7 @@ fn parse_args() -> Result<Args, String> {
             "--epochs" => args.epochs = number(&value)? as usize,
             "--out" => args.out = PathBuf::from(value),
             "--on-rank-failure" => {
-                args.on_rank_failure = match value.as_str() {
-                    "abort" => OnRankFailure::Abort,
-                    "continue" => OnRankFailure::Continue,
-                    "replace" => OnRankFailure::Replace,
-                    other => {
-                        return Err(format!(
-                            "--on-rank-failure {other:?}: expected abort, continue or replace"
-                        ));
-                    }
-                }
+                args.on_rank_failure = value.parse::<OnRankFailure>().map_err(|e| e.to_string())?
             }
             "--kill-at" => {
                 let parsed = value

@@ -36,23 +36,10 @@ fn job(bin: &Path, out: &Path, kill_at: Option<(usize, u64)>) -> Output {
     output
 }
 
-fn seed() -> u64 {
-    let seed = std::env::var("LOCALSGD_TEST_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| u64::from(d.subsec_nanos()))
-        });
-    eprintln!("seed: {seed} (replay with LOCALSGD_TEST_SEED={seed})");
-    seed
-}
-
 #[test]
 fn a_killed_rank_is_replaced_and_the_job_ends_as_without_the_failure() {
     let bin = example_binary();
-    let seed = seed();
+    let seed = localsgd_test_support::test_seed("the killed rank and step");
     let killed = (seed % RANKS as u64) as usize;
     // Any step but the last: in epoch 1 the world starts over, later from the last saved epoch.
     let step = 2 + (seed / 7) % (EPOCHS as u64 * STEPS_PER_EPOCH - 2);

@@ -56,6 +56,24 @@ pub enum OnRankFailure {
     Replace,
 }
 
+impl std::str::FromStr for OnRankFailure {
+    type Err = SettingError;
+
+    /// `abort`, `continue` or `replace` (the setting's values).
+    fn from_str(s: &str) -> Result<Self, SettingError> {
+        match s {
+            "abort" => Ok(Self::Abort),
+            "continue" => Ok(Self::Continue),
+            "replace" => Ok(Self::Replace),
+            other => Err(SettingError::new(
+                "on-rank-failure",
+                other,
+                "`abort`, `continue` or `replace`",
+            )),
+        }
+    }
+}
+
 impl OnRankFailure {
     /// Whether the survivors of a failure train on (`continue`, `replace`).
     pub fn survives(self) -> bool {

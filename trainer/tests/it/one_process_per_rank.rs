@@ -103,19 +103,9 @@ pub fn assert_checkpoint_intact(run: &Path, workers: usize) {
     }
 }
 
-/// The seed of a randomized test: `LOCALSGD_TEST_SEED` when set (to replay a failure), else
-/// from the clock. Printed either way.
+/// The seed of a randomized test ([`localsgd_test_support::test_seed`]).
 pub fn seed(what: &str) -> u64 {
-    let seed = std::env::var("LOCALSGD_TEST_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| u64::from(d.subsec_nanos()))
-        });
-    eprintln!("{what} seed: {seed} (replay with LOCALSGD_TEST_SEED={seed})");
-    seed
+    localsgd_test_support::test_seed(what)
 }
 
 /// A small deterministic random sequence (the soak's seed is printed, so a failure replays).
