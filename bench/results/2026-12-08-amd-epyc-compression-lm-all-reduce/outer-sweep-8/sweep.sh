@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # DiLoCo's outer learning rate and momentum at 8 workers (the compression-lm runs' settings).
 set -euo pipefail
-K=/tmp/clm-keep
-out=${1:-/tmp/sweep/runs}
+# K: a bench/compression-lm output directory (its text/ and init/); LOCALSGD_BIN: the binary.
+K=${K:?set K to a compression-lm output directory}
+BIN=${LOCALSGD_BIN:-target/debug/localsgd}
+out=${1:?usage: K=RUN sweep.sh OUT}
 mkdir -p "$out"
 settings=("0.7 0.9" "1.0 0.9" "0.5 0.9" "0.7 0.6" "1.0 0.6")
 [ -n "${SWEEP:-}" ] && IFS=',' read -r -a settings <<< "$SWEEP"
@@ -11,7 +13,7 @@ for lm in "${settings[@]}"; do
   lr=$1 mom=$2
   dir="$out/lr$lr-m$mom"
   rm -rf "$dir"
-  RAYON_NUM_THREADS=1 /work/main/target/debug/localsgd train --backend threads --workers 8 --algorithm diloco --model gpt --dataset text \
+  RAYON_NUM_THREADS=1 "$BIN" train --backend threads --workers 8 --algorithm diloco --model gpt --dataset text \
     --text-file $K/text/brown-first-2500000.txt --optimizer adamw --context 64 --d-model 64 --heads 4 --layers 2 \
     --batch-size 16 --lr 0.001 --momentum 0.9 --steps 600 --seed 1 --warmup 0 --period 50 --average-compression none \
     --outer-lr "$lr" --outer-momentum "$mom" \
