@@ -14,8 +14,9 @@ use burn_train::checkpoint::KeepLastNCheckpoints;
 use burn_train::{Learner, LearningResult, SupervisedTraining, TrainingStrategy};
 use localsgd_comm::params::{FlatBuffer, ParamSelection, flatten_params};
 use localsgd_comm::{GroupExt, ThreadWorld};
-use localsgd_learner::{LocalSgdStrategy, StrategyConfig};
+use localsgd_learner::{AlgorithmSpec, LocalSgdStrategy, StrategyConfig};
 use localsgd_pipeline::algorithm;
+use localsgd_pipeline::checkpoint::{Checkpoints, RunIdentity};
 use localsgd_pipeline::pipeline::{IterSource, Outcome, Pipeline, PipelineOptions};
 use localsgd_trainer::config::TrainConfig;
 
@@ -160,30 +161,49 @@ pub fn run_pipeline_accumulating(
     epochs: usize,
     accumulate: usize,
 ) -> PipelineRun {
+    run_pipeline_epochs(
+        &config.algorithm,
+        config.workers,
+        accumulate,
+        (1, epochs),
+        None,
+    )
+}
+
+/// The pipeline on `workers` thread ranks, each on its contiguous share of the items, for
+/// epochs `from..=to`. With `checkpoints`, a run directory: `from > 1` resumes each rank from
+/// its own saved rank's file of the latest checkpoint there (written by any number of ranks),
+/// and the last epoch is saved there.
+pub fn run_pipeline_epochs(
+    spec: &AlgorithmSpec,
+    workers: usize,
+    accumulate: usize,
+    (from, to): (usize, usize),
+    checkpoints: Option<&Path>,
+) -> PipelineRun {
     let (train, _) = loaders();
-    let world = ThreadWorld::new(config.workers).unwrap();
-    let spec = config.algorithm.clone();
+    let world = ThreadWorld::new(workers).unwrap();
     let results = world
         .run(|group| {
-            let parts = algorithm::build(&spec, &group).unwrap();
+            let (r, w) = (group.rank(), group.size());
+            let spec = spec.for_world(w);
+            let checkpoints =
+                checkpoints.map(|dir| Checkpoints::new(dir, RunIdentity::from_spec(&spec, w)));
             let options = PipelineOptions {
                 lr: LR,
                 accumulate,
                 ..PipelineOptions::default()
             };
-            let mut pipeline = Pipeline::new(group.clone(), optimizer(), options);
-            if let Some((hook, reducer)) = parts.sync {
-                pipeline = pipeline.with_gradient_sync(hook, reducer);
+            let mut pipeline = Pipeline::new(group.clone(), optimizer(), options)
+                .with_parts(algorithm::build(&spec, &group).unwrap());
+            let mut model = Net::new(&device());
+            if let (true, Some(c)) = (from > 1, &checkpoints) {
+                model = c.resume_from(r, &spec, model, &mut pipeline).unwrap().model;
             }
-            if let Some(averager) = parts.averager {
-                pipeline = pipeline.with_averager(averager);
-            }
-            let (r, w) = (group.rank(), group.size());
             let n = train.num_items();
             let shard = train.slice(r * n / w, (r + 1) * n / w).to_device(&device());
             let loss = |m: &Net, b: &Batch| m.classify(b.clone()).loss;
-            let mut model = Net::new(&device());
-            for _ in 0..epochs {
+            for _ in from..=to {
                 let mut source = IterSource(shard.iter().map(|b| b.unwrap()));
                 loop {
                     match pipeline.run_iteration(model, &mut source, &loss).unwrap() {
@@ -194,6 +214,9 @@ pub fn run_pipeline_accumulating(
                         }
                     }
                 }
+            }
+            if let Some(c) = &checkpoints {
+                c.save_final(&mut pipeline, &model, None).unwrap();
             }
             let model = pipeline.finish(model).unwrap();
             let own = params(&model);

@@ -18,11 +18,7 @@ use burn::lr_scheduler::{LrScheduler, LrSchedulerRecord};
 use burn_train::checkpoint::KeepLastNCheckpoints;
 use burn_train::{Learner, LearningResult, SupervisedTraining, TrainingStrategy};
 use common::*;
-use localsgd_comm::{GroupExt, ThreadWorld};
 use localsgd_learner::{AlgorithmSpec, LocalSgdStrategy, OnRankFailure, StrategyConfig};
-use localsgd_pipeline::algorithm;
-use localsgd_pipeline::checkpoint::{Checkpoints, RunIdentity};
-use localsgd_pipeline::pipeline::{IterSource, Outcome, Pipeline, PipelineOptions};
 use localsgd_pipeline::recovery::MEMBERSHIP_FILE;
 
 /// Where a rank fails.
@@ -230,62 +226,6 @@ fn a_rank_dying_while_saving_its_state_is_replaced_bit_identical() {
     replaced(AlgorithmSpec::post_local_sgd(5, 4), 1, Fault::Saving(3));
 }
 
-/// The pipeline on `workers` thread ranks for epochs `from..=to` on the digits dealt over
-/// them; `from > 1` resumes each rank from its own saved rank's state in `dir`, and the last
-/// epoch is saved there. Returns each rank's own final parameters and the world average.
-fn pipeline(
-    dir: &Path,
-    spec: &AlgorithmSpec,
-    workers: usize,
-    (from, to): (usize, usize),
-) -> (Vec<Vec<f32>>, Vec<f32>) {
-    let (train, _) = loaders();
-    let results = ThreadWorld::new(workers)
-        .unwrap()
-        .run(|group| {
-            let (r, w) = (group.rank(), group.size());
-            let spec = spec.for_world(w);
-            let checkpoints = Checkpoints::new(dir, RunIdentity::from_spec(&spec, w));
-            let options = PipelineOptions {
-                lr: LR,
-                ..PipelineOptions::default()
-            };
-            let mut pipeline = Pipeline::new(group.clone(), optimizer(), options)
-                .with_parts(algorithm::build(&spec, &group).unwrap());
-            let mut model = Net::new(&device());
-            if from > 1 {
-                model = checkpoints
-                    .resume_from(r, &spec, model, &mut pipeline)
-                    .unwrap()
-                    .model;
-            }
-            let n = train.num_items();
-            let shard = train.slice(r * n / w, (r + 1) * n / w).to_device(&device());
-            let loss = |m: &Net, b: &Batch| m.classify(b.clone()).loss;
-            for _ in from..=to {
-                let mut source = IterSource(shard.iter().map(|b| b.unwrap()));
-                loop {
-                    match pipeline.run_iteration(model, &mut source, &loss).unwrap() {
-                        Outcome::Trained(m, _) => model = m,
-                        Outcome::EndOfData(m) => {
-                            model = m;
-                            break;
-                        }
-                    }
-                }
-            }
-            checkpoints.save_final(&mut pipeline, &model, None).unwrap();
-            let model = pipeline.finish(model).unwrap();
-            let own = params(&model);
-            let mut averaged = own.clone();
-            group.average_slice(&mut averaged).unwrap();
-            (own, averaged)
-        })
-        .unwrap();
-    let averaged = results[0].1.clone();
-    (results.into_iter().map(|(own, _)| own).collect(), averaged)
-}
-
 fn continued(algorithm: AlgorithmSpec, rank: usize, fault: Fault) {
     let dir = tempfile::tempdir().unwrap();
     let failed = run(
@@ -302,12 +242,17 @@ fn continued(algorithm: AlgorithmSpec, rank: usize, fault: Fault) {
     assert_eq!(&row[3..5], ["", "2"], "{record}");
 
     let reference = tempfile::tempdir().unwrap();
-    pipeline(reference.path(), &algorithm, WORKERS, (1, 1));
-    let (ranks, averaged) = pipeline(reference.path(), &algorithm, 2, (2, EPOCHS));
+    let dir = Some(reference.path());
+    run_pipeline_epochs(&algorithm, WORKERS, 1, (1, 1), dir);
+    let resumed = run_pipeline_epochs(&algorithm, 2, 1, (2, EPOCHS), dir);
     assert_eq!(failed.ranks.len(), 2);
     // Survivor i took saved rank i's state when rank 2 failed (its own).
-    assert_eq!(failed.ranks, ranks, "{algorithm:?}");
-    assert_eq!(params(&failed.result.model), averaged, "{algorithm:?}");
+    assert_eq!(failed.ranks, resumed.ranks, "{algorithm:?}");
+    assert_eq!(
+        params(&failed.result.model),
+        resumed.averaged,
+        "{algorithm:?}"
+    );
 }
 
 #[test]
